@@ -1,0 +1,1 @@
+"""aot_compilers."""

@@ -1,0 +1,1 @@
+"""aot_pipeline: the full torch.compile pipeline built from the aot-* packages."""
