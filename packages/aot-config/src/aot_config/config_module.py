@@ -140,8 +140,6 @@ class Flag:
                 f"{self.qualified_name} = {value!r} is not valid: expected {self.type_name()}, "
                 f"got {type(value).__name__}"
             )
-        if self.type is float and isinstance(value, int):
-            value = float(value)
         if self.choices is not None and value not in self.choices:
             raise ValueError(
                 f"{self.qualified_name} = {value!r} is not valid: expected one of "
@@ -158,6 +156,8 @@ class Flag:
             problem = self.validator(value)
             if problem:
                 raise ValueError(f"{self.qualified_name} = {value!r} is not valid: {problem}")
+        if self.type is float and isinstance(value, int):
+            value = float(value)
         return value
 
     def read_environment(self, environ: Mapping[str, str]) -> None:
