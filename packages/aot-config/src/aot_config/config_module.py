@@ -122,9 +122,17 @@ class Flag:
     @property
     def effective_default(self) -> Any:
         """The default after the ``env`` (sets-the-default) variable was applied."""
-        if self.env_default_value is not _UNSET:
+        if self.default_from_env:
             return self.env_default_value
         return self.default
+
+    @property
+    def forced_by_env(self) -> bool:
+        return self.env_forced_value is not _UNSET
+
+    @property
+    def default_from_env(self) -> bool:
+        return self.env_default_value is not _UNSET
 
     @property
     def is_compile_ignored(self) -> bool:
@@ -384,7 +392,7 @@ class ConfigModule(types.ModuleType):
 
     def _value_of(self, name: str) -> Any:
         flag = self._flags[name]
-        if flag.env_forced_value is not _UNSET:
+        if flag.forced_by_env:
             return flag.env_forced_value
         if name in self._overrides:
             return self._overrides[name]
@@ -397,7 +405,7 @@ class ConfigModule(types.ModuleType):
             warnings.warn(
                 f"{flag.qualified_name} does nothing: {flag.inert}", InertFlagWarning, stacklevel=3
             )
-        if flag.env_forced_value is not _UNSET:
+        if flag.forced_by_env:
             warnings.warn(
                 f"{flag.qualified_name} is forced to {flag.env_forced_value!r} by the environment "
                 f"variable {flag.env_forces}; the new value {value!r} has no effect while it is set",
@@ -433,6 +441,17 @@ class ConfigModule(types.ModuleType):
         """Whether ``name`` currently holds its default (environment default included)."""
         flag = self._flag(name)
         return self._value_of(flag.name) == flag.effective_default
+
+    def value_source(self, name: str) -> str:
+        """Where ``name``'s value comes from: ``default``, ``env VAR``, ``set`` or ``forced by VAR``."""
+        flag = self._flag(name)
+        if flag.forced_by_env:
+            return f"forced by {flag.env_forces}"
+        if flag.name in self._overrides:
+            return "set"
+        if flag.default_from_env:
+            return f"env {flag.env}"
+        return "default"
 
     def get_type(self, name: str) -> Any:
         """The declared type of ``name`` (a class or a typing form)."""
