@@ -1,0 +1,181 @@
+"""Runtime estimates for joint-graph nodes, used to weigh what recomputing a node costs.
+
+Estimators (the flag ``activation_memory_budget_runtime_estimator``):
+
+- ``"flops"``: FLOPs counted by torch's FLOP counter on meta-device arguments of the node's
+  shapes (no data is touched); ops without a FLOP formula count as 1.
+- ``"profile"``: milliseconds measured by running the op on zero-filled arguments: Triton's
+  ``do_bench`` on CUDA (CUDA events when Triton is absent), a wall-clock timer on CPU.
+- ``"testing"``: 1 for every node.
+
+Estimates are cached by (estimator, op, argument signature), so the repeated blocks of a deep
+model are estimated once.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RUNTIME_ESTIMATORS", "estimate_runtime", "clear_runtime_cache"]
+
+RUNTIME_ESTIMATORS = ("flops", "profile", "testing")
+# Unbacked or symbolic sizes without a hint are materialized with this size (as torch does).
+SYMBOLIC_SIZE_FALLBACK = 4096
+
+_cache: dict[tuple[Any, ...], float] = {}
+
+
+def clear_runtime_cache() -> None:
+    """Forget every cached estimate (e.g. after switching devices)."""
+    _cache.clear()
+
+
+def _hint(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    node = getattr(value, "node", None)
+    hint = getattr(node, "hint", None) if node is not None else None
+    if hint is not None:
+        return int(hint)
+    try:
+        return int(value)
+    except Exception:  # unbacked symbol: no concrete value to read
+        return SYMBOLIC_SIZE_FALLBACK
+
+
+def _signature(x: Any) -> Any:
+    if isinstance(x, fx.Node):
+        val = x.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return ("T", tuple(_hint(s) for s in val.shape),
+                    tuple(_hint(s) for s in val.stride()), val.dtype, val.device.type)
+        return ("N", type(val).__name__, _hint(val) if isinstance(val, torch.SymInt) else None)
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_signature(v) for v in x))
+    if isinstance(x, dict):
+        return tuple(sorted((k, _signature(v)) for k, v in x.items()))
+    return repr(x)
+
+
+def _materializer(device: str | None, fill: bool) -> Callable[[Any], Any]:
+    def materialize(x: Any) -> Any:
+        if not isinstance(x, fx.Node):
+            return x
+        val = x.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            shape = [_hint(s) for s in val.shape]
+            stride = [_hint(s) for s in val.stride()]
+            out = torch.empty_strided(shape, stride, dtype=val.dtype,
+                                      device=device or val.device.type)
+            return out.zero_() if fill else out
+        if isinstance(val, torch.SymInt):
+            return _hint(val)
+        if isinstance(val, torch.SymFloat):
+            return 1.0
+        if isinstance(val, torch.SymBool):
+            return True
+        return val
+    return materialize
+
+
+def _has_flop_formula(target: Any) -> bool:
+    from torch.utils.flop_counter import flop_registry
+
+    packet = getattr(target, "overloadpacket", target)
+    return packet in flop_registry
+
+
+def _count_flops(node: fx.Node) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if not _has_flop_formula(node.target):
+        return 1.0
+    args, kwargs = pytree.tree_map(_materializer("meta", fill=False), (node.args, node.kwargs))
+    try:
+        with FlopCounterMode(display=False) as mode:
+            node.target(*args, **kwargs)
+    except Exception as exc:  # an op without a meta kernel: its FLOPs are unknown, not zero
+        log.debug("flops of %s not countable on meta tensors: %s", node.name, exc)
+        return 1.0
+    return float(max(mode.get_total_flops(), 1))
+
+
+def _profile_ms(node: fx.Node) -> float:
+    materialize = _materializer(None, fill=True)
+    args, kwargs = pytree.tree_map(materialize, (node.args, node.kwargs))
+    from torch.utils._mode_utils import no_dispatch
+
+    def run() -> None:
+        node.target(*args, **kwargs)
+
+    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda
+                  for a in pytree.tree_leaves((args, kwargs)))
+    with no_dispatch():
+        if on_cuda:
+            try:
+                from triton.testing import do_bench
+            except ImportError:
+                return _cuda_event_ms(run)
+            return float(do_bench(run))
+        return _wall_clock_ms(run)
+
+
+def _wall_clock_ms(run: Callable[[], None], repeats: int = 5) -> float:
+    run()  # warm-up: first calls allocate and pick kernels
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _cuda_event_ms(run: Callable[[], None], repeats: int = 10) -> float:
+    run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
+    """The estimated cost of recomputing ``node`` (FLOPs, milliseconds or 1, see module doc).
+
+    ``estimator`` defaults to the flag ``activation_memory_budget_runtime_estimator``.
+    """
+    if estimator is None:
+        from aot_config import functorch as functorch_config
+
+        estimator = functorch_config.activation_memory_budget_runtime_estimator
+    if estimator == "testing":
+        return 1.0
+    if estimator not in ("flops", "profile"):
+        raise ValueError(f"Unknown runtime estimator {estimator!r}; valid: "
+                         f"{', '.join(RUNTIME_ESTIMATORS)} "
+                         "(flag activation_memory_budget_runtime_estimator)")
+    if node.op != "call_function" or not callable(node.target):
+        return 1.0
+    key = (estimator, node.target, _signature(node.args), _signature(node.kwargs))
+    try:
+        cached = _cache.get(key)
+    except TypeError:  # an unhashable argument: estimate without caching
+        key, cached = None, None
+    if cached is not None:
+        return cached
+    value = _count_flops(node) if estimator == "flops" else _profile_ms(node)
+    if key is not None:
+        _cache[key] = value
+    return value

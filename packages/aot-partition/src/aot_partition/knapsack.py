@@ -1,0 +1,221 @@
+"""0-1 knapsack solvers for the activation-memory budget: which banned nodes to keep saved.
+
+Every solver takes ``(memory, runtimes, max_memory)`` (one memory cost and one runtime value per
+item, and a capacity) and returns ``(max_runtime, saved_indices, recompute_indices)``: the total
+runtime of the saved items (the recompute work they avoid), the indices kept saved, and the
+indices left free to be recomputed. ``saved_indices`` are in ascending order.
+
+- ``greedy_knapsack``: by runtime per byte, best first; fast, no optimality guarantee.
+- ``dp_knapsack``: the quantized pseudo-polynomial DP (memory scaled by ``QUANTIZATION_SCALE``
+  and rounded, as torch does); vectorized with numpy over the capacity axis and storing only one
+  decision bit per (item, capacity) cell. Large tables switch to a Hirschberg split that keeps
+  O(capacity) memory.
+- ``ilp_knapsack``: the exact answer with HiGHS (``scipy.optimize.milp``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "KNAPSACK_SOLVERS",
+    "QUANTIZATION_SCALE",
+    "KnapsackResult",
+    "greedy_knapsack",
+    "dp_knapsack",
+    "dp_knapsack_hirschberg",
+    "ilp_knapsack",
+    "get_knapsack_solver",
+]
+
+KnapsackResult = tuple[float, list[int], list[int]]
+
+# Memory values are scaled by this and rounded to integers for the DP (same as torch's).
+QUANTIZATION_SCALE = 10_000
+# Above this many bytes of decision table, dp_knapsack uses the O(capacity) Hirschberg variant.
+DP_TABLE_BYTES_LIMIT = 256 * 2**20
+
+
+def _as_arrays(memory: Sequence[float], runtimes: Sequence[float],
+               max_memory: float) -> tuple[np.ndarray, np.ndarray]:
+    mem = np.asarray(memory, dtype=np.float64).reshape(-1)
+    run = np.asarray(runtimes, dtype=np.float64).reshape(-1)
+    if mem.shape != run.shape:
+        raise ValueError(
+            f"memory and runtimes must have the same length, got {mem.size} and {run.size}")
+    if not np.isfinite(max_memory):
+        raise ValueError(f"max_memory must be a finite number, got {max_memory}")
+    if mem.size and (not np.all(np.isfinite(mem)) or mem.min() < 0):
+        bad = int(np.flatnonzero(~np.isfinite(mem) | (mem < 0))[0])
+        raise ValueError(f"memory[{bad}] = {mem[bad]} must be finite and >= 0")
+    if run.size and not np.all(np.isfinite(run)):
+        bad = int(np.flatnonzero(~np.isfinite(run))[0])
+        raise ValueError(f"runtimes[{bad}] = {run[bad]} must be finite")
+    return mem, run
+
+
+def _split(n: int, saved: np.ndarray | list[int]) -> tuple[list[int], list[int]]:
+    keep = np.zeros(n, dtype=bool)
+    keep[np.asarray(saved, dtype=np.int64)] = True
+    return np.flatnonzero(keep).tolist(), np.flatnonzero(~keep).tolist()
+
+
+def greedy_knapsack(memory: Sequence[float], runtimes: Sequence[float],
+                    max_memory: float) -> KnapsackResult:
+    """Take items by descending runtime/memory while they fit; never exceeds ``max_memory``."""
+    mem, run = _as_arrays(memory, runtimes, max_memory)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        density = np.where(mem > 0, run / np.where(mem > 0, mem, 1.0), np.inf)
+    # Stable sort on the negated density: ties keep index order, like Python's sorted().
+    order = np.argsort(-density, kind="stable")
+    used = 0.0
+    total = 0.0
+    saved: list[int] = []
+    for i in order.tolist():
+        if used + mem[i] <= max_memory:
+            used += mem[i]
+            total += run[i]
+            saved.append(i)
+    saved_sorted, recompute = _split(mem.size, saved)
+    return float(total), saved_sorted, recompute
+
+
+def ilp_knapsack(memory: Sequence[float], runtimes: Sequence[float],
+                 max_memory: float) -> KnapsackResult:
+    """The exact 0-1 knapsack as a mixed-integer program solved by HiGHS."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    mem, run = _as_arrays(memory, runtimes, max_memory)
+    if mem.size == 0:
+        return 0.0, [], []
+    result = milp(c=-run, constraints=[LinearConstraint(mem.reshape(1, -1), ub=max_memory)],
+                  integrality=np.ones_like(run), bounds=Bounds(0, 1))
+    if not result.success or result.x is None:
+        raise RuntimeError(f"ilp_knapsack: HiGHS found no solution ({result.message})")
+    taken = np.flatnonzero(result.x > 0.5)
+    saved, recompute = _split(mem.size, taken)
+    return float(run[taken].sum()), saved, recompute
+
+
+def _quantize(mem: np.ndarray, max_memory: float, scale: int) -> tuple[np.ndarray, int]:
+    # np.rint rounds half to even like Python's round(), so torch and we agree on every weight.
+    return np.rint(mem * scale).astype(np.int64), int(round(max_memory * scale))
+
+
+def dp_knapsack(memory: Sequence[float], runtimes: Sequence[float], max_memory: float,
+                *, scale: int = QUANTIZATION_SCALE,
+                table_bytes_limit: int = DP_TABLE_BYTES_LIMIT) -> KnapsackResult:
+    """Quantized DP: optimal for the rounded weights; same answer as torch's ``dp_knapsack``.
+
+    Values are accumulated in float32 in item order, as torch does, so ties break the same way.
+    When the decision table (items x capacity bits) would exceed ``table_bytes_limit``, the
+    Hirschberg variant (O(capacity) memory, about twice the work) runs instead.
+    """
+    mem, run = _as_arrays(memory, runtimes, max_memory)
+    n = mem.size
+    if n == 0:
+        return 0.0, [], []
+    q_mem, capacity = _quantize(mem, max_memory, scale)
+    if capacity < 0:
+        return 0.0, [], list(range(n))
+    if n * (capacity + 1) > table_bytes_limit:
+        log.debug("dp_knapsack: %d items x %d capacity; using the Hirschberg variant",
+                  n, capacity)
+        return _hirschberg(q_mem, run, capacity)
+    values = run.astype(np.float32)
+    row = np.zeros(capacity + 1, dtype=np.float32)
+    taken = np.zeros((n, capacity + 1), dtype=bool)
+    candidate = np.empty(capacity + 1, dtype=np.float32)
+    for i in range(n):
+        w = int(q_mem[i])
+        if w > capacity:
+            continue
+        if w == 0:
+            np.add(row, values[i], out=candidate)
+            np.not_equal(candidate, row, out=taken[i])
+            row, candidate = candidate, row
+            continue
+        tail = candidate[: capacity + 1 - w]
+        np.add(row[: capacity + 1 - w], values[i], out=tail)
+        np.greater(tail, row[w:], out=taken[i, w:])
+        np.maximum(row[w:], tail, out=row[w:])
+    saved: list[int] = []
+    j = capacity
+    for i in range(n - 1, -1, -1):
+        if taken[i, j]:
+            saved.append(i)
+            j -= int(q_mem[i])
+    saved_sorted, recompute = _split(n, saved)
+    return float(row[capacity]), saved_sorted, recompute
+
+
+def _best_profile(q_mem: np.ndarray, values: np.ndarray, items: np.ndarray,
+                  capacity: int) -> np.ndarray:
+    """best[c] = largest total value of a subset of ``items`` with quantized weight <= c."""
+    row = np.zeros(capacity + 1, dtype=np.float64)
+    for i in items.tolist():
+        w = int(q_mem[i])
+        if w > capacity:
+            continue
+        if w == 0:
+            row += max(values[i], 0.0)
+            continue
+        np.maximum(row[w:], row[: capacity + 1 - w] + values[i], out=row[w:])
+    return row
+
+
+def _hirschberg(q_mem: np.ndarray, values: np.ndarray, capacity: int) -> KnapsackResult:
+    """Divide and conquer on the item list: split the capacity where both halves do best."""
+    saved: list[int] = []
+    stack = [(np.arange(q_mem.size), capacity)]
+    while stack:
+        items, cap = stack.pop()
+        if items.size == 0:
+            continue
+        if items.size == 1:
+            i = int(items[0])
+            if q_mem[i] <= cap and values[i] > 0:
+                saved.append(i)
+            continue
+        left, right = items[: items.size // 2], items[items.size // 2:]
+        best_left = _best_profile(q_mem, values, left, cap)
+        best_right = _best_profile(q_mem, values, right, cap)
+        split = int(np.argmax(best_left + best_right[::-1]))
+        stack.append((right, cap - split))
+        stack.append((left, split))
+    saved_sorted, recompute = _split(q_mem.size, saved)
+    return float(values[saved_sorted].sum()), saved_sorted, recompute
+
+
+def dp_knapsack_hirschberg(memory: Sequence[float], runtimes: Sequence[float],
+                           max_memory: float, *,
+                           scale: int = QUANTIZATION_SCALE) -> KnapsackResult:
+    """The memory-light quantized DP: O(capacity) memory instead of O(items x capacity)."""
+    mem, run = _as_arrays(memory, runtimes, max_memory)
+    if mem.size == 0:
+        return 0.0, [], []
+    q_mem, capacity = _quantize(mem, max_memory, scale)
+    if capacity < 0:
+        return 0.0, [], list(range(mem.size))
+    return _hirschberg(q_mem, run, capacity)
+
+
+KNAPSACK_SOLVERS = {
+    "greedy": greedy_knapsack,
+    "dp": dp_knapsack,
+    "ilp": ilp_knapsack,
+}
+
+
+def get_knapsack_solver(name: str):
+    """The knapsack function for a solver name ("greedy", "dp" or "ilp")."""
+    try:
+        return KNAPSACK_SOLVERS[name]
+    except KeyError:
+        raise ValueError(f"Unknown knapsack solver {name!r}; valid: "
+                         f"{', '.join(sorted(KNAPSACK_SOLVERS))}") from None

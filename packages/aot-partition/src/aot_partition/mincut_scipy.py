@@ -1,0 +1,99 @@
+"""Min-cut on arrays with ``scipy.sparse.csgraph.maximum_flow`` (the "scipy" solver).
+
+scipy's max-flow works on int32 capacities, so finite capacities are scaled until their sum is
+``FINITE_CAPACITY_TOTAL`` and rounded (monotone, so the order of capacities is kept; a positive
+capacity never rounds to 0); infinite ones become ``INFINITE_CAPACITY``, larger than every finite
+cut. The source side is read off the residual graph by a breadth-first search, and the cut value
+is reported in the network's original units from the original capacities of the cut edges.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+if TYPE_CHECKING:
+    from .mincut import FlowNetwork, MinCut
+
+log = logging.getLogger(__name__)
+
+__all__ = ["scipy_min_cut", "FINITE_CAPACITY_TOTAL", "INFINITE_CAPACITY"]
+
+# Headroom below int32's 2**31: the sum of all finite scaled capacities bounds every finite flow.
+FINITE_CAPACITY_TOTAL = 2**29
+INFINITE_CAPACITY = 2**30
+
+
+def _reachable(num_nodes: int, tails: np.ndarray, heads: np.ndarray, start: int) -> np.ndarray:
+    seen = np.zeros(num_nodes, dtype=bool)
+    if tails.size == 0:
+        seen[start] = True
+        return seen
+    graph = csr_matrix((np.ones(tails.size, dtype=np.int8), (tails, heads)),
+                       shape=(num_nodes, num_nodes))
+    order = breadth_first_order(graph, start, directed=True, return_predecessors=False)
+    seen[order] = True
+    return seen
+
+
+def _scale(capacities: np.ndarray, infinite: np.ndarray) -> np.ndarray:
+    finite = capacities[~infinite]
+    total = float(finite.sum()) if finite.size else 0.0
+    scaled = np.zeros(capacities.size, dtype=np.int64)
+    if total > 0:
+        factor = FINITE_CAPACITY_TOTAL / total
+        rounded = np.floor(finite * factor + 0.5).astype(np.int64)
+        # Tiny positive capacities must stay positive: 0 would make cutting them free.
+        scaled[~infinite] = np.where(finite > 0, np.maximum(rounded, 1), 0)
+    scaled[infinite] = INFINITE_CAPACITY
+    return scaled
+
+
+def scipy_min_cut(network: FlowNetwork) -> MinCut:
+    """A minimum source/sink cut of ``network`` (see module doc for the quantization)."""
+    from .mincut import MinCut
+
+    n = int(network.num_nodes)
+    source, sink = int(network.source), int(network.sink)
+    tails = np.asarray(network.tails, dtype=np.int64)
+    heads = np.asarray(network.heads, dtype=np.int64)
+    capacities = np.asarray(network.capacities, dtype=np.float64)
+    if not (tails.shape == heads.shape == capacities.shape):
+        raise ValueError(f"FlowNetwork arrays differ in length: tails {tails.shape}, "
+                         f"heads {heads.shape}, capacities {capacities.shape}")
+    if capacities.size and (np.isnan(capacities).any() or capacities.min() < 0):
+        raise ValueError("FlowNetwork capacities must be >= 0 (math.inf for infinite)")
+    if source == sink:
+        raise ValueError(f"FlowNetwork source and sink are the same node ({source})")
+    infinite = np.isinf(capacities)
+
+    # A path of infinite edges makes every cut infinite; max-flow would overflow int32 on it.
+    through_infinite = _reachable(n, tails[infinite], heads[infinite], source)
+    if through_infinite[sink]:
+        log.warning("min cut: the sink is reachable from the source through infinite edges")
+        through_infinite[sink] = False  # keep the MinCut invariant: the sink is never source-side
+        return MinCut(value=math.inf, source_side=through_infinite)
+
+    # Self-loops carry no flow; scipy rejects them. Parallel edges are summed by csr_matrix.
+    keep = tails != heads
+    tails_k, heads_k = tails[keep], heads[keep]
+    scaled = np.minimum(_scale(capacities[keep], infinite[keep]), INFINITE_CAPACITY)
+    graph = csr_matrix((scaled, (tails_k, heads_k)), shape=(n, n))
+    graph.sum_duplicates()
+    graph.data = np.minimum(graph.data, INFINITE_CAPACITY).astype(np.int32)
+    flow = maximum_flow(graph, source, sink).flow
+
+    # Residual capacity: capacity - flow on forward edges, plus flow on reverse edges.
+    residual = (graph.astype(np.int64) - flow.astype(np.int64)).tocoo()
+    open_edges = residual.data > 0
+    source_side = _reachable(n, residual.row[open_edges].astype(np.int64),
+                             residual.col[open_edges].astype(np.int64), source)
+
+    crossing = source_side[tails] & ~source_side[heads]
+    value = float(capacities[crossing].sum()) if crossing.any() else 0.0
+    return MinCut(value=value, source_side=source_side)

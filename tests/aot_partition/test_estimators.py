@@ -1,0 +1,91 @@
+"""Runtime estimators on real joint-graph nodes: FLOPs match the FLOP counter, errors list names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from aot_config import functorch as functorch_config
+from aot_partition import estimators
+from aot_partition.estimators import estimate_runtime
+from functorch.compile import aot_function
+from torch._functorch.partitioners import default_partition
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def joint_graph_of(fn, *inputs) -> torch.fx.GraphModule:
+    captured = {}
+
+    def capture(joint, joint_inputs, **kwargs):
+        captured["joint"] = joint
+        return default_partition(joint, joint_inputs, **kwargs)
+
+    compiled = aot_function(fn, fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g,
+                            partition_fn=capture)
+    compiled(*inputs)
+    return captured["joint"]
+
+
+def mlp(x, w1, w2):
+    return torch.relu(x @ w1).mm(w2).sum()
+
+
+@pytest.fixture
+def mlp_joint():
+    torch.manual_seed(0)
+    inputs = (torch.randn(8, 16, requires_grad=True), torch.randn(16, 32, requires_grad=True),
+              torch.randn(32, 4, requires_grad=True))
+    return joint_graph_of(mlp, *inputs)
+
+
+def node_by_target(graph_module, packet):
+    return [n for n in graph_module.graph.nodes
+            if n.op == "call_function" and getattr(n.target, "overloadpacket", None) is packet]
+
+
+def test_flops_of_matmuls_match_the_flop_counter(mlp_joint):
+    estimators.clear_runtime_cache()
+    mms = node_by_target(mlp_joint, torch.ops.aten.mm)
+    assert len(mms) >= 2
+    for node in mms:
+        a, b = (arg.meta["val"] for arg in node.args)
+        with FlopCounterMode(display=False) as mode:
+            torch.mm(torch.zeros(a.shape), torch.zeros(b.shape))
+        assert estimate_runtime(node, "flops") == mode.get_total_flops()
+        assert mode.get_total_flops() == 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+def test_ops_without_flop_formula_count_one(mlp_joint):
+    relu = node_by_target(mlp_joint, torch.ops.aten.relu)[0]
+    assert estimate_runtime(relu, "flops") == 1.0
+    placeholder = next(iter(mlp_joint.graph.nodes))
+    assert estimate_runtime(placeholder, "flops") == 1.0
+
+
+def test_testing_estimator_is_one_and_default_follows_the_flag(mlp_joint):
+    mm = node_by_target(mlp_joint, torch.ops.aten.mm)[0]
+    with functorch_config.patch(activation_memory_budget_runtime_estimator="testing"):
+        assert estimate_runtime(mm) == 1.0
+    with functorch_config.patch(activation_memory_budget_runtime_estimator="flops"):
+        assert estimate_runtime(mm) > 1.0
+
+
+def test_profile_times_on_cpu(mlp_joint):
+    mm = node_by_target(mlp_joint, torch.ops.aten.mm)[0]
+    ms = estimate_runtime(mm, "profile")
+    assert 0.0 < ms < 1000.0
+
+
+def test_estimates_are_cached_by_signature(mlp_joint):
+    estimators.clear_runtime_cache()
+    mms = node_by_target(mlp_joint, torch.ops.aten.mm)
+    estimate_runtime(mms[0], "flops")
+    size = len(estimators._cache)
+    estimate_runtime(mms[0], "flops")
+    assert len(estimators._cache) == size == 1
+
+
+def test_unknown_estimator_lists_valid_ones(mlp_joint):
+    mm = node_by_target(mlp_joint, torch.ops.aten.mm)[0]
+    with pytest.raises(ValueError, match="Unknown runtime estimator 'guess'; valid: flops, "
+                                         "profile, testing"):
+        estimate_runtime(mm, "guess")
