@@ -1,0 +1,91 @@
+"""``aot_pipeline.compile``: torch.compile with the aot_pipeline back end and validated options."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from .backend import make_backend
+from .options import PipelineOptions
+from .recording import PartitionRecorder
+
+
+class CompiledModel:
+    """A model compiled by the aot_pipeline back end.
+
+    Call it like the model. ``backward(loss)`` runs the backward, through our compiled autograd
+    when ``compiled_autograd=True`` (the backward starts outside the compiled graph, at
+    ``loss.backward()``, so it must be entered there); ``partitions`` lists the forward graphs
+    our partitioner made and ``saved_activation_bytes`` their saved bytes. Other attributes
+    (``parameters()``, ``train()`` ...) are the model's.
+    """
+
+    def __init__(self, model: nn.Module | Callable[..., Any], options: PipelineOptions,
+                 dynamic: bool | None) -> None:
+        self.model = model
+        self.options = options
+        self.recorder = PartitionRecorder()
+        self.backend = make_backend(options, self.recorder)
+        self.compiled = torch.compile(model, backend=self.backend, dynamic=dynamic)
+        self._dynamic = dynamic
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names CompiledModel itself lacks: delegate to the model.
+        return getattr(self.__dict__["model"], name)
+
+    @property
+    def partitions(self) -> list:
+        return self.recorder.partitions
+
+    @property
+    def saved_activation_bytes(self) -> int | None:
+        """Bytes the partitioned forward graphs save for backward (None before the first call)."""
+        return self.recorder.saved_bytes
+
+    @contextlib.contextmanager
+    def backward_context(self) -> Iterator[None]:
+        """Wrap ``loss.backward()`` in this to run it through compiled autograd (if enabled)."""
+        if not self.options.compiled_autograd:
+            yield
+            return
+        import compiled_autograd
+
+        with compiled_autograd.enable(self._backward_compiler):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        with self.backward_context():
+            loss.backward()
+
+    def _backward_compiler(self, graph: torch.fx.GraphModule) -> Callable[..., Any]:
+        # The captured backward has no grad to take: the same back end compiles it for inference.
+        return torch.compile(graph, backend=make_backend(self.options), fullgraph=True,
+                             dynamic=self._dynamic)
+
+
+def compile(  # noqa: A001 - mirrors torch.compile
+    model: nn.Module | Callable[..., Any], *, memory_budget: float = 1.0, solver: str = "dp",
+    compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
+) -> CompiledModel:
+    """Compile ``model`` with the aot_pipeline back end.
+
+    ``memory_budget`` in [0, 1] is the fraction of activations the forward may save
+    (``solver`` picks the knapsack solver: dp, greedy, ilp, ilp_graph, dp_graph); ``compiler``
+    compiles forward and backward (inductor, nop, debug_nop, print_compile, ts_compile);
+    ``compiled_autograd`` runs ``CompiledModel.backward`` through our compiled autograd;
+    ``dynamic`` is torch.compile's. Bad values raise ``PipelineOptionError`` (a ValueError).
+    """
+    if not callable(model):
+        raise TypeError(f"compile() needs an nn.Module or a callable, got {type(model).__name__}")
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be None, True or False, got {dynamic!r}")
+    options = PipelineOptions(memory_budget=memory_budget, solver=solver, compiler=compiler,
+                              compiled_autograd=compiled_autograd)
+    return CompiledModel(model, options, dynamic)

@@ -1,0 +1,40 @@
+"""Keep the forward/backward graphs a partitioner produced, to measure what the forward saves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+
+
+@dataclass
+class RecordedPartition:
+    """One partitioned joint graph: its forward, its backward and the bytes saved between."""
+
+    forward: fx.GraphModule
+    backward: fx.GraphModule | None
+    saved_bytes: int
+
+
+@dataclass
+class PartitionRecorder:
+    """Collects every partition made while it is attached to a back end (one per graph)."""
+
+    partitions: list[RecordedPartition] = field(default_factory=list)
+
+    def record_forward(self, forward: fx.GraphModule, backward: fx.GraphModule | None = None,
+                       num_fwd_outputs: int | None = None) -> None:
+        from aot_partition import saved_activation_bytes
+
+        saved = saved_activation_bytes(forward, num_fwd_outputs)
+        self.partitions.append(RecordedPartition(forward, backward, saved))
+
+    @property
+    def saved_bytes(self) -> int | None:
+        """Bytes saved for backward summed over all graphs; None when nothing was partitioned."""
+        if not self.partitions:
+            return None
+        return sum(p.saved_bytes for p in self.partitions)
+
+    def clear(self) -> None:
+        self.partitions.clear()
