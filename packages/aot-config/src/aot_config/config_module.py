@@ -396,7 +396,13 @@ class ConfigModule(types.ModuleType):
             return flag.env_forced_value
         if name in self._overrides:
             return self._overrides[name]
-        return flag.effective_default
+        default = flag.effective_default
+        if isinstance(default, (list, set, dict)):
+            # Hand out a private copy so in-place edits (flags.some_set.add(x)) never alter the
+            # declared default; the copy then behaves like a user-set value.
+            default = copy.deepcopy(default)
+            self._overrides[name] = default
+        return default
 
     def _set_flag(self, name: str, value: Any) -> None:
         flag = self._flags[name]
@@ -418,7 +424,7 @@ class ConfigModule(types.ModuleType):
         warnings.warn(
             f"{self.__name__}.{alias} is deprecated; use {self.__name__}.{target}",
             DeprecationWarning,
-            stacklevel=4,
+            stacklevel=3,
         )
 
     def _flag(self, name: str) -> Flag:
@@ -447,7 +453,7 @@ class ConfigModule(types.ModuleType):
         flag = self._flag(name)
         if flag.forced_by_env:
             return f"forced by {flag.env_forces}"
-        if flag.name in self._overrides:
+        if flag.name in self._overrides and not self.is_default(flag.name):
             return "set"
         if flag.default_from_env:
             return f"env {flag.env}"
