@@ -1,0 +1,33 @@
+"""Differences between the supported torch releases (2.11 to 2.15), kept in one place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx.experimental import symbolic_shapes
+
+# torch 2.13 renamed ``hint_int`` to ``optimization_hint``; 2.11 has only the old name.
+_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+
+
+def int_hint(value: int | torch.SymInt, fallback: int = 4096) -> int:
+    """A concrete integer for a possibly symbolic size, without adding guards."""
+    return int(_hint(value, fallback=fallback))
+
+
+def saved_output_descs(num_saved: int) -> list[Any] | None:
+    """AOTAutograd output descriptors for saved activations, or None where torch has none."""
+    try:
+        from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
+    except ImportError:  # pragma: no cover - every supported release has them
+        return None
+    return [SavedForBackwardsAOTOutput(i) for i in range(num_saved)]
+
+
+def saved_output_desc_type() -> type | None:
+    try:
+        from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
+    except ImportError:  # pragma: no cover
+        return None
+    return SavedForBackwardsAOTOutput

@@ -1,0 +1,296 @@
+"""Classify joint-graph nodes: required forward/backward, unclaimed, inputs, order, distances.
+
+Also the operator categories (fusible, compute-intensive, random, view, recomputable) with
+their default lists. Everything here is computed once per partition and then only read.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.fx.experimental._backward_state import BackwardState
+from torch.fx.experimental.sym_node import magic_methods, method_to_operator
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# Distance given to nodes that never reach the backward (and to the output node).
+FAR_FROM_BACKWARD = int(1e9)
+
+
+# ---- placeholders of the AOTAutograd joint graph ---------------------------------------------
+
+def is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+def is_bwd_seed_offset(node: fx.Node) -> bool:
+    target = str(node.target)
+    return node.op == "placeholder" and ("bwd_seed" in target or "bwd_base_offset" in target)
+
+
+def is_fwd_seed_offset(node: fx.Node) -> bool:
+    target = str(node.target)
+    return node.op == "placeholder" and ("fwd_seed" in target or "fwd_base_offset" in target)
+
+
+def is_backward_state(node: fx.Node) -> bool:
+    return node.op == "placeholder" and isinstance(node.meta.get("val"), BackwardState)
+
+
+def is_primal(node: fx.Node) -> bool:
+    return (
+        node.op == "placeholder"
+        and "tangents" not in str(node.target)
+        and not is_bwd_seed_offset(node)
+        and not is_fwd_seed_offset(node)
+    )
+
+
+def aten_packet(node: fx.Node) -> Any:
+    """The OpOverloadPacket of an aten op (``aten.add`` for ``aten.add.Tensor``), else target."""
+    return getattr(node.target, "overloadpacket", node.target)
+
+
+def is_random(node: fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
+
+
+def forward_and_backward_outputs(
+    joint_module: fx.GraphModule, num_fwd_outputs: int
+) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """(fw outputs, bw outputs, fw output descriptors, bw output descriptors)."""
+    output = next(iter(joint_module.graph.find_nodes(op="output")))
+    outputs = pytree.arg_tree_leaves(*output.args)
+    descs = pytree.arg_tree_leaves(output.meta.get("desc", [None] * len(outputs)))
+    if len(descs) != len(outputs):
+        descs = [None] * len(outputs)
+    if not 0 <= num_fwd_outputs <= len(outputs):
+        raise ValueError(
+            f"num_fwd_outputs={num_fwd_outputs} is out of range: the joint graph has "
+            f"{len(outputs)} outputs (forward outputs first, then gradients)"
+        )
+    return (outputs[:num_fwd_outputs], outputs[num_fwd_outputs:],
+            descs[:num_fwd_outputs], descs[num_fwd_outputs:])
+
+
+# ---- operator categories ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpTypes:
+    """Operator categories, as sets of OpOverloadPackets (or plain callables)."""
+
+    fusible_ops: frozenset[Callable[..., Any]]
+    compute_intensive_ops: frozenset[Callable[..., Any]]
+    random_ops: frozenset[Callable[..., Any]]
+    view_ops: frozenset[Callable[..., Any]]
+    recomputable_ops: frozenset[Callable[..., Any]]
+
+    def is_fusible(self, node: fx.Node) -> bool:
+        return aten_packet(node) in self.fusible_ops
+
+    def is_compute_intensive(self, node: fx.Node) -> bool:
+        return aten_packet(node) in self.compute_intensive_ops
+
+    def is_random(self, node: fx.Node) -> bool:
+        return aten_packet(node) in self.random_ops
+
+    def is_view(self, node: fx.Node) -> bool:
+        return aten_packet(node) in self.view_ops
+
+    def is_recomputable(self, node: fx.Node) -> bool:
+        return aten_packet(node) in self.recomputable_ops
+
+
+def _existing(namespace: Any, names: Iterable[str]) -> list[Any]:
+    # Some prims exist only in some torch releases; skip the missing ones.
+    return [getattr(namespace, n) for n in names if hasattr(namespace, n)]
+
+
+@functools.lru_cache(None)
+def pointwise_ops() -> tuple[Any, ...]:
+    """Every aten packet with at least one overload tagged pointwise."""
+    found = []
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            if torch.Tag.pointwise in getattr(packet, overload).tags:
+                found.append(packet)
+                break
+    return tuple(found)
+
+
+_RECOMPUTABLE_ATEN = (
+    "add sub div atan2 mul max min pow remainder fmod __and__ __or__ __xor__ __lshift__ "
+    "__rshift__ eq ne ge gt le lt abs bitwise_not ceil floor frac neg relu round silu trunc log "
+    "log10 log1p log2 lgamma exp expm1 erf erfc cos acos cosh sin asin sinh tan atan tanh atanh "
+    "sqrt rsqrt reciprocal sigmoid softplus threshold threshold_backward clamp where lerp "
+    "addcmul gelu gelu_backward sum mean _grad_sum_to_size sum_to_size amax to type_as squeeze "
+    "unsqueeze rsub _to_copy clone full_like var std select _unsafe_view view expand slice "
+    "reshape broadcast_tensors scalar_tensor ones new_zeros lift_fresh_copy arange triu var_mean "
+    "isinf any full as_strided zeros empty empty_like argmax maximum index gather zeros_like"
+).split()
+_RECOMPUTABLE_PRIMS = (
+    "div convert_element_type prepare_softmax_online var sum broadcast_in_dim iota "
+    "_low_memory_max_pool2d_offsets_to_indices _low_memory_max_pool_offsets_to_indices"
+).split()
+_VIEW_ATEN = "squeeze unsqueeze alias view slice t expand as_strided permute select split".split()
+_RANDOM_ATEN = "native_dropout rand_like randn_like".split()
+_COMPUTE_INTENSIVE_ATEN = (
+    "mm convolution convolution_backward bmm addmm _scaled_dot_product_flash_attention "
+    "_scaled_dot_product_efficient_attention _flash_attention_forward "
+    "_efficient_attention_forward upsample_bilinear2d _scaled_mm"
+).split()
+
+
+@functools.lru_cache(None)
+def default_op_types() -> OpTypes:
+    """The default operator categories (the inductor lists of seed 004, plus 2.13 additions)."""
+    view_ops = _existing(aten, _VIEW_ATEN) + _existing(prims, ["broadcast_in_dim"])
+    recomputable = (
+        _existing(aten, _RECOMPUTABLE_ATEN)
+        + _existing(prims, _RECOMPUTABLE_PRIMS)
+        + [operator.getitem]
+        + view_ops
+        + list(pointwise_ops())
+        + [method_to_operator(m) for m in magic_methods]
+    )
+    random_ops = _existing(aten, _RANDOM_ATEN)
+    return OpTypes(
+        fusible_ops=frozenset(recomputable) | frozenset(random_ops),
+        compute_intensive_ops=frozenset(_existing(aten, _COMPUTE_INTENSIVE_ATEN)),
+        random_ops=frozenset(random_ops),
+        view_ops=frozenset(view_ops),
+        recomputable_ops=frozenset(recomputable),
+    )
+
+
+# ---- node classification ---------------------------------------------------------------------
+
+@dataclass
+class NodeInfo:
+    """Where each joint-graph node belongs. Sets are for membership; iterate the ordered lists."""
+
+    inputs: list[fx.Node]                    # primals + forward seed/offset
+    required_fw: set[fx.Node]                # needed to compute the forward outputs
+    required_bw: set[fx.Node]                # depend on tangents, or are gradients
+    tangents_closure: set[fx.Node]           # depend on tangents (must run in backward)
+    unclaimed: set[fx.Node]                  # neither: free to go either way
+    fw_order: dict[fx.Node, int]             # position among required_fw, in graph order
+    dist_from_bw: dict[fx.Node, int]         # hops to the nearest non-forward user
+    static_lifetime_inputs: set[fx.Node] = field(default_factory=set)
+
+    @functools.cached_property
+    def required_fw_nodes(self) -> list[fx.Node]:
+        return sorted(self.required_fw, key=self.fw_order.__getitem__)
+
+    # Names as in seed 004, for callers that port torch code.
+    @property
+    def required_bw_nodes(self) -> set[fx.Node]:
+        return self.required_bw
+
+    @property
+    def unclaimed_nodes(self) -> set[fx.Node]:
+        return self.unclaimed
+
+    def is_required_fw(self, node: fx.Node) -> bool:
+        return node in self.required_fw
+
+    def is_required_bw(self, node: fx.Node) -> bool:
+        return node in self.required_bw
+
+    def is_unclaimed(self, node: fx.Node) -> bool:
+        return node in self.unclaimed
+
+    def get_fw_order(self, node: fx.Node) -> int:
+        if node not in self.fw_order:
+            raise KeyError(f"node '{node.name}' is not a required forward node")
+        return self.fw_order[node]
+
+
+def forward_computable(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
+    """Nodes computable from ``inputs`` alone (placeholders outside ``inputs`` are not)."""
+    computable = set(inputs)
+    for node in graph.nodes:
+        if node in computable or node.op in ("placeholder", "output"):
+            continue
+        if all(arg in computable for arg in node.all_input_nodes):
+            computable.add(node)
+    return computable
+
+
+def ancestors_within(outputs: Iterable[Any], allowed: set[fx.Node]) -> set[fx.Node]:
+    """Nodes in ``allowed`` that ``outputs`` transitively depend on (outputs included)."""
+    seen: set[fx.Node] = set()
+    stack = [o for o in outputs if isinstance(o, fx.Node) and o in allowed]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.extend(a for a in node.all_input_nodes if a in allowed and a not in seen)
+    return seen
+
+
+def classify(
+    joint_module: fx.GraphModule,
+    num_fwd_outputs: int,
+    static_lifetime_input_indices: Iterable[int] | None = None,
+) -> NodeInfo:
+    """Classify every node of ``joint_module`` once (see NodeInfo)."""
+    graph = joint_module.graph
+    nodes = list(graph.nodes)
+    tangents_closure: set[fx.Node] = set()
+    for node in nodes:
+        if is_tangent(node) or any(a in tangents_closure for a in node.all_input_nodes):
+            if node.op != "output":
+                tangents_closure.add(node)
+
+    primals = [n for n in nodes if is_primal(n)]
+    inputs = primals + [n for n in nodes if is_fwd_seed_offset(n)]
+    fw_outputs, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
+    required_bw = set(tangents_closure)
+    required_bw.update(o for o in bw_outputs if isinstance(o, fx.Node) and o.op != "output")
+    required_fw = ancestors_within(fw_outputs, forward_computable(graph, inputs))
+    # Forward-computable inputs count as required forward even when no output uses them.
+    required_fw.update(inputs)
+    unclaimed = {n for n in nodes if n not in required_fw and n not in required_bw}
+    fw_order = {}
+    for node in nodes:
+        if node in required_fw:
+            fw_order[node] = len(fw_order)
+    static_indices = set(static_lifetime_input_indices or ())
+    return NodeInfo(
+        inputs=inputs,
+        required_fw=required_fw,
+        required_bw=required_bw,
+        tangents_closure=tangents_closure,
+        unclaimed=unclaimed,
+        fw_order=fw_order,
+        dist_from_bw=distances_from_backward(nodes, required_fw),
+        static_lifetime_inputs={p for i, p in enumerate(primals) if i in static_indices},
+    )
+
+
+def distances_from_backward(nodes: list[fx.Node], required_fw: set[fx.Node]) -> dict[fx.Node, int]:
+    """Hops from each forward node to its nearest user outside the forward (0 outside it)."""
+    dist: dict[fx.Node, int] = {}
+    for node in reversed(nodes):
+        if node.op == "output":
+            dist[node] = FAR_FROM_BACKWARD
+        elif node not in required_fw:
+            dist[node] = 0
+        else:
+            dist[node] = min((dist[u] + 1 for u in node.users), default=FAR_FROM_BACKWARD)
+            dist[node] = min(dist[node], FAR_FROM_BACKWARD)
+    return dist

@@ -1,0 +1,36 @@
+"""Errors raised by the partitioners; each names the culprit and what would be valid."""
+
+from __future__ import annotations
+
+
+class PartitionError(RuntimeError):
+    """Base class for every error the partitioners raise on bad joint graphs."""
+
+
+class MissingMetadataError(PartitionError):
+    """A joint-graph node lacks ``meta["val"]`` (fake-tensor metadata)."""
+
+    def __init__(self, node_name: str, target: str) -> None:
+        self.node_name = node_name
+        super().__init__(
+            f"joint-graph node '{node_name}' ({target}) has no meta['val']; the partitioner "
+            "needs fake-tensor metadata on every node to size activations. Trace the joint "
+            "graph with aot_function/aot_module or make_fx(tracing_mode='fake')."
+        )
+
+
+class InfeasibleMinCutError(PartitionError):
+    """Some value must reach the backward, yet can be neither saved nor recomputed."""
+
+    def __init__(self, path: list[tuple[str, str]]) -> None:
+        # ``path``: (fx node name or "source"/"sink", why this step is infinite) in order.
+        self.path = path
+        steps = "\n".join(f"  {name}: {why}" for name, why in path)
+        chain = " -> ".join(name for name, _ in path)
+        super().__init__(
+            "min-cut partitioning is infeasible: a value needed by the backward can be "
+            "neither saved nor recomputed. Offending path of infinite-capacity edges:\n"
+            f"  {chain}\n{steps}\n"
+            "Make one node on this path saveable (a tensor with meta['val']) or recomputable "
+            "(drop its ban or MUST_SAVE/MUST_RECOMPUTE annotation)."
+        )

@@ -1,0 +1,171 @@
+"""Cut the joint graph into forward and backward GraphModules once the saved values are known.
+
+Output convention of AOTAutograd's runtime wrappers (2.11 to 2.15): the forward returns
+``user outputs + saved tensors + saved symbolic scalars``; the backward takes
+``saved symbolic scalars + saved tensors + tangents + backward seeds + backward state``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import (
+    find_symbol_binding_fx_nodes,
+    free_symbols,
+    is_symbol_binding_fx_node,
+)
+
+from ._compat import saved_output_descs
+from .classify import (
+    forward_and_backward_outputs,
+    is_backward_state,
+    is_bwd_seed_offset,
+    is_fwd_seed_offset,
+    is_primal,
+    is_tangent,
+)
+
+
+def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: Sequence[Any],
+                     output_descs: Sequence[Any] | None = None) -> fx.Graph:
+    """The part of ``joint_graph`` computing ``outputs`` from ``inputs`` (any nodes may be inputs).
+
+    One pass in graph order: a node is copied when all its arguments are available; the
+    outputs must all be computable. Dead code is dropped afterwards.
+    """
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node | None] = {}  # None: not computable from the inputs
+    for node in inputs:
+        placeholder = graph.placeholder(node.name)
+        placeholder.meta = node.meta  # an fx node can become a placeholder: no node_copy
+        env[node] = placeholder
+    for node in joint_graph.nodes:
+        if node in env or node.op == "output":
+            continue
+        if node.op == "placeholder":
+            env[node] = None
+        elif all(env.get(a) is not None for a in node.all_input_nodes):
+            env[node] = graph.node_copy(node, env.__getitem__)
+        else:
+            env[node] = None
+    values = []
+    for out in outputs:
+        if isinstance(out, fx.Node):
+            if env.get(out) is None:
+                raise AssertionError(
+                    f"output '{out.name}' cannot be computed from the inputs "
+                    f"{[n.name for n in inputs]}"
+                )
+            values.append(env[out])
+        else:
+            values.append(out)
+    output = graph.output(tuple(values))
+    if output_descs is not None and all(d is not None for d in output_descs):
+        output.meta["desc"] = list(output_descs)
+    graph.eliminate_dead_code()
+    graph.lint()
+    return graph
+
+
+def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
+                         outputs: Iterable[Any]) -> set[fx.Node]:
+    """Which of ``inputs`` the backward really reads (what dead-code elimination would keep)."""
+    input_set = set(inputs)
+    computable = set(inputs)
+    roots = [o for o in outputs if isinstance(o, fx.Node)]
+    for node in joint_graph.nodes:
+        if node in computable or node.op in ("placeholder", "output"):
+            continue
+        if all(a in computable for a in node.all_input_nodes):
+            computable.add(node)
+            if node.is_impure():
+                roots.append(node)
+    used: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    stack = [r for r in roots if r in computable]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in input_set:
+            used.add(node)
+            continue
+        stack.extend(a for a in node.all_input_nodes if a in computable)
+    return used
+
+
+def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
+                  saved_values: list[fx.Node], tangents: list[fx.Node]) -> list[fx.Node]:
+    """Saved symbolic scalars, with binding nodes for every symbol the backward inputs use.
+
+    Downstream size-variable assignment needs each free symbol of a backward input bound
+    by a plain-symbol input; bindings come first, derived expressions after.
+    """
+    saved_symbols: set[Any] = set()
+    binding: list[fx.Node] = []
+    derived: list[fx.Node] = []
+    for node in saved_sym_nodes:
+        symbol = is_symbol_binding_fx_node(node)
+        if symbol:
+            saved_symbols.add(symbol)
+            binding.append(node)
+        else:
+            derived.append(node)
+    bindings = find_symbol_binding_fx_nodes(joint_graph)
+    for node in [*derived, *saved_values, *tangents]:
+        if "val" not in node.meta:
+            continue
+        new_symbols = free_symbols(node.meta["val"]) - saved_symbols
+        for symbol in sorted(new_symbols, key=lambda s: s.name):
+            if symbol in bindings:  # ill-formed graphs (direct make_fx) may lack one
+                binding.append(bindings[symbol])
+        saved_symbols |= new_symbols
+    return list(dict.fromkeys(binding + derived))
+
+
+def extract_forward_backward(
+    joint_module: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node], list[fx.Node]]:
+    """(forward, backward, final saved tensors, final saved symbolic scalars).
+
+    Saved values the backward never reads are dropped; backward state goes straight to the
+    backward; tensors flagged ``saved_tensor_with_no_vc_check`` are placed last.
+    """
+    graph = joint_module.graph
+    fw_outputs, bw_outputs, fw_descs, bw_descs = forward_and_backward_outputs(
+        joint_module, num_fwd_outputs)
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    primals = [n for n in placeholders if is_primal(n)]
+    tangents = [n for n in placeholders if is_tangent(n)]
+    fwd_seeds = [n for n in placeholders if is_fwd_seed_offset(n)]
+    bwd_seeds = [n for n in placeholders if is_bwd_seed_offset(n)]
+    backward_state = [n for n in placeholders if is_backward_state(n)]
+
+    used = used_backward_inputs(graph, saved_sym_nodes + saved_values + tangents + bwd_seeds,
+                                bw_outputs)
+    saved_values = [n for n in saved_values if n in used and not is_backward_state(n)]
+    saved_sym_nodes = [n for n in saved_sym_nodes if n in used]
+    saved_sym_nodes = _bind_symbols(graph, saved_sym_nodes, saved_values, tangents)
+    saved_values = ([n for n in saved_values if not n.meta.get("saved_tensor_with_no_vc_check")]
+                    + [n for n in saved_values if n.meta.get("saved_tensor_with_no_vc_check")])
+
+    num_saved = len(saved_values) + len(saved_sym_nodes)
+    saved_descs = saved_output_descs(num_saved)
+    fw_graph = extract_subgraph(
+        graph, primals + fwd_seeds, fw_outputs + saved_values + saved_sym_nodes,
+        None if saved_descs is None else fw_descs + saved_descs)
+    bw_graph = extract_subgraph(
+        graph, saved_sym_nodes + saved_values + tangents + bwd_seeds + backward_state,
+        bw_outputs, bw_descs)
+    for node in bw_graph.nodes:
+        if node.op in ("call_function", "get_attr"):
+            node.meta["autograd_backward"] = True
+    return (fx.GraphModule(joint_module, fw_graph), fx.GraphModule(joint_module, bw_graph),
+            saved_values, saved_sym_nodes)

@@ -1,0 +1,157 @@
+"""Build the min-cut flow network of a joint graph as arrays.
+
+Every fx node ``n`` becomes two network nodes, ``n_in`` and ``n_out``; the edge between them
+costs what saving ``n`` costs. Cutting it means "save n". Infinite edges encode what cannot
+be cut: data dependencies, bans on recomputation (source -> n_in) and backward needs
+(-> sink). The builder keeps the map from edge index to fx node to read the cut back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch.fx.experimental._backward_state import BackwardState
+from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
+
+from .classify import is_fwd_seed_offset, is_primal
+from .mincut import FlowNetwork
+from .passes.recompute_tags import must_recompute
+from .policy import PolicyContext, ban_long_fusible_chains, ban_reason, ban_used_far_apart
+from .policy import can_be_banned as _can_be_banned
+from .sizes import node_nbytes, sym_node_size
+
+log = logging.getLogger(__name__)
+
+SOURCE, SINK = 0, 1
+# Capacity for values that are very expensive but not impossible to save (SymFloats).
+INT_INF = int(1e6)
+
+
+@dataclass
+class BuiltNetwork:
+    """A flow network plus what is needed to explain it and read a cut back."""
+
+    network: FlowNetwork
+    edge_nodes: list[fx.Node | None]   # the fx node whose in->out edge this is, else None
+    edge_reasons: list[str]            # why an edge exists (shown for infinite edges)
+    banned: dict[fx.Node, str] = field(default_factory=dict)  # node -> ban reason
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.names = ["source", "sink"]
+        self.index: dict[str, int] = {}
+        self.tails: list[int] = []
+        self.heads: list[int] = []
+        self.caps: list[float] = []
+        self.edge_nodes: list[fx.Node | None] = []
+        self.reasons: list[str] = []
+
+    def vertex(self, name: str) -> int:
+        if name not in self.index:
+            self.index[name] = len(self.names)
+            self.names.append(name)
+        return self.index[name]
+
+    def edge(self, tail: int, head: int, cap: float, reason: str,
+             node: fx.Node | None = None) -> None:
+        self.tails.append(tail)
+        self.heads.append(head)
+        self.caps.append(float(cap))
+        self.edge_nodes.append(node)
+        self.reasons.append(reason)
+
+    def finish(self) -> tuple[FlowNetwork, list[fx.Node | None], list[str]]:
+        network = FlowNetwork(
+            num_nodes=len(self.names), source=SOURCE, sink=SINK,
+            tails=np.asarray(self.tails, dtype=np.int64),
+            heads=np.asarray(self.heads, dtype=np.int64),
+            capacities=np.asarray(self.caps, dtype=np.float64),
+            names=self.names,
+        )
+        return network, self.edge_nodes, self.reasons
+
+
+def _in(b: _Builder, node: fx.Node) -> int:
+    return b.vertex(node.name + "_in")
+
+
+def _out(b: _Builder, node: fx.Node) -> int:
+    return b.vertex(node.name + "_out")
+
+
+def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
+    """Capacity of ``node``'s in->out edge and, for infinite ones, why it cannot be saved."""
+    if is_sym_node(node):
+        return float(sym_node_size(node)), ""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        if ("val" not in node.meta and "tensor_meta" not in node.meta
+                and node.op == "call_function"):
+            node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
+        if isinstance(val, BackwardState):
+            return 0.0, ""
+        return math.inf, "cannot save: not a tensor"
+    if ctx.treat_params_as_free and node in ctx.node_info.static_lifetime_inputs:
+        return 0.0, ""
+    if ctx.recompute_views and ctx.op_types.is_view(node):
+        return math.inf, "cannot save: view op (recompute_views=True)"
+    if isinstance(val, py_sym_types) and not isinstance(val, torch.SymInt):
+        return float(INT_INF), "cannot save: SymFloat"
+    dist = ctx.node_info.dist_from_bw.get(node, 0)
+    # Bias towards saving nodes close to the backward (seed 004's guess of 1.1 per hop).
+    cost = int(node_nbytes(node) * (1.1 ** max(min(dist, 100), 1)))
+    return float(cost if ctx.is_materialized(node) else cost * 2), ""
+
+
+def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
+                  dont_ban: set[fx.Node] | None = None) -> BuiltNetwork:
+    """The flow network for ``joint_graph``, with every ban decided and recorded."""
+    dont_ban = dont_ban or set()
+    info = ctx.node_info
+    b = _Builder()
+    banned: dict[fx.Node, str] = {}
+
+    def ban(node: fx.Node, reason: str) -> bool:
+        if not _can_be_banned(node, ctx, dont_ban):
+            return False
+        banned.setdefault(node, reason)
+        b.edge(SOURCE, _in(b, node), math.inf, f"cannot recompute: {reason}")
+        return True
+
+    for node in joint_graph.nodes:
+        if node.op == "output":
+            continue
+        if node in info.required_bw:
+            if node in info.tangents_closure:
+                b.edge(_in(b, node), SINK, math.inf, "must be computed in backward")
+                continue
+            b.edge(_out(b, node), SINK, math.inf, "must be available for backward")
+        if must_recompute(node):
+            b.edge(_in(b, node), SINK, math.inf, "must recompute: checkpoint annotation")
+            continue
+        if is_primal(node):
+            ban(node, "primal input")
+        elif is_fwd_seed_offset(node):
+            ban(node, "forward RNG seed")
+        if info.is_required_fw(node):
+            reason = ban_reason(node, ctx)
+            if reason is not None:
+                ban(node, reason)
+        cost, why = save_cost(node, ctx)
+        b.edge(_in(b, node), _out(b, node), cost, why or "save cost", node)
+        for user in node.users:
+            b.edge(_out(b, node), _in(b, user), math.inf, f"{user.name} uses {node.name}")
+
+    # Both graph-wide heuristics see the bans made so far, including each other's.
+    ban_used_far_apart(ctx, banned.keys(), ban)
+    ban_long_fusible_chains(ctx, banned.keys(), ban)
+    network, edge_nodes, reasons = b.finish()
+    for node, reason in banned.items():
+        log.debug("banned from recomputation: %s (%s)", node.name, reason)
+    return BuiltNetwork(network, edge_nodes, reasons, banned)

@@ -1,0 +1,27 @@
+"""Graph passes run around partitioning: one function per pass, graph in, graph out."""
+
+from __future__ import annotations
+
+from .cse import eliminate_common_subexpressions
+from .dce import eliminate_dead_code
+from .recompute_tags import (
+    cleanup_recompute_tags,
+    has_recomputable_ops,
+    has_recomputable_rng_ops,
+    must_recompute,
+    must_save,
+)
+from .reorder import reorder_backward
+from .rng import functionalize_rng_ops
+
+__all__ = [
+    "cleanup_recompute_tags",
+    "eliminate_common_subexpressions",
+    "eliminate_dead_code",
+    "functionalize_rng_ops",
+    "has_recomputable_ops",
+    "has_recomputable_rng_ops",
+    "must_recompute",
+    "must_save",
+    "reorder_backward",
+]

@@ -1,0 +1,96 @@
+"""Common-subexpression elimination of the joint graph before partitioning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..classify import aten_packet, is_random
+
+_NEVER_MERGED = (torch.ops.aten.empty,)
+
+
+def _is_mutating(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def _storage(node: fx.Node) -> Any:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(val.untyped_storage())
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
+def _freeze(value: Any, env: dict[fx.Node, fx.Node]) -> Any:
+    """A hashable key for an argument, with nodes replaced by their surviving copy."""
+    if isinstance(value, fx.Node):
+        return ("node", env[value])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze(v, env) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _freeze(v, env)) for k, v in value.items()))
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("sym", id(value.node))
+    return (type(value), value)
+
+
+def _keep_unmerged(node: fx.Node, output_storages: set[Any]) -> bool:
+    if node.op != "call_function" or is_random(node) or _is_mutating(node):
+        return True
+    if aten_packet(node) in _NEVER_MERGED:
+        return True
+    # Merging values that alias graph outputs would change the outputs' aliasing.
+    storage = _storage(node)
+    return storage is not None and storage in output_storages
+
+
+def eliminate_common_subexpressions(module: fx.GraphModule) -> fx.GraphModule:
+    """Merge call_function nodes with equal target, arguments and checkpoint annotation.
+
+    Random, mutating and output-aliasing nodes are never merged; a mutation starts a new
+    epoch so reads before and after it stay distinct.
+    """
+    graph = module.graph
+    output = next(iter(graph.find_nodes(op="output")))
+    output_storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
+    env: dict[fx.Node, fx.Node] = {}
+    seen: dict[Any, fx.Node] = {}
+    epoch = 0
+    to_erase = []
+    for node in graph.nodes:
+        env[node] = node
+        if _keep_unmerged(node, output_storages):
+            epoch += _is_mutating(node)
+            if any(env[a] is not a for a in node.all_input_nodes):
+                node.args = fx.map_arg(node.args, env.__getitem__)
+                node.kwargs = fx.map_arg(node.kwargs, env.__getitem__)
+            continue
+        try:
+            key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env),
+                   node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch)
+            hash(key)
+        except TypeError:  # unhashable constant argument: leave the node alone
+            key = None
+        if key is not None and key in seen:
+            env[node] = seen[key]
+            to_erase.append(node)
+            continue
+        if any(env[a] is not a for a in node.all_input_nodes):
+            node.args = fx.map_arg(node.args, env.__getitem__)
+            node.kwargs = fx.map_arg(node.kwargs, env.__getitem__)
+        if key is not None:
+            seen[key] = node
+    for node in to_erase:
+        node.replace_all_uses_with(env[node])
+    for node in reversed(to_erase):
+        graph.erase_node(node)
+    if to_erase:
+        module.recompile()
+    return module

@@ -1,0 +1,259 @@
+"""Ban heuristics: which forward nodes may not be recomputed in the backward, and why.
+
+Each heuristic is one small predicate returning a human reason (``"reduction: output 4x
+smaller than inputs"``) or None, so every decision of the partitioner can be explained.
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+
+import torch
+import torch.fx as fx
+
+from .classify import NodeInfo, OpTypes, aten_packet
+from .flags import read_flag
+from .passes.recompute_tags import must_recompute, must_save
+from .sizes import node_nbytes
+
+aten = torch.ops.aten
+
+# A chain of fusible forward ops longer than this many nodes gets cut (seed 004's constant).
+LONG_CHAIN = 100
+
+
+@dataclass(frozen=True)
+class MinCutOptions:
+    """Which ban heuristics are on (seed 004's names)."""
+
+    ban_if_used_far_apart: bool
+    ban_if_long_fusible_chains: bool
+    ban_if_materialized_backward: bool
+    ban_if_not_in_allowlist: bool
+    ban_if_reduction: bool
+
+    @classmethod
+    def from_flags(cls) -> MinCutOptions:
+        """Options from ``aot_config.functorch``; aggressive_recomputation turns four off."""
+        options = cls(
+            ban_if_used_far_apart=read_flag("ban_recompute_used_far_apart"),
+            ban_if_long_fusible_chains=read_flag("ban_recompute_long_fusible_chains"),
+            ban_if_materialized_backward=read_flag("ban_recompute_materialized_backward"),
+            ban_if_not_in_allowlist=read_flag("ban_recompute_not_in_allowlist"),
+            ban_if_reduction=read_flag("ban_recompute_reductions"),
+        )
+        if read_flag("aggressive_recomputation"):
+            options = replace(options, ban_if_used_far_apart=False,
+                              ban_if_long_fusible_chains=False,
+                              ban_if_materialized_backward=False,
+                              ban_if_not_in_allowlist=False)
+        return options
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What the predicates read: categories, classification, options and two flags."""
+
+    op_types: OpTypes
+    node_info: NodeInfo
+    options: MinCutOptions
+    recompute_views: bool
+    max_dist_from_bw: int
+    treat_params_as_free: bool = False  # static-lifetime inputs (parameters) cost 0 to save
+
+    @classmethod
+    def create(cls, op_types: OpTypes, node_info: NodeInfo, options: MinCutOptions
+               ) -> PolicyContext:
+        return cls(op_types, node_info, options, bool(read_flag("recompute_views")),
+                   int(read_flag("max_dist_from_bw")),
+                   bool(read_flag("treat_parameters_as_free_to_save")))
+
+    def is_fusible(self, producer: fx.Node, consumer: fx.Node) -> bool:
+        # Memory can be fused into a cat, but a cat cannot produce into a fusion.
+        if aten_packet(consumer) is aten.cat:
+            return True
+        return self.op_types.is_fusible(producer) and self.op_types.is_fusible(consumer)
+
+    def is_materialized(self, node: fx.Node) -> bool:
+        """Whether ``node``'s value exists in memory anyway (an input, or an unfusible use)."""
+        if node.op == "placeholder":
+            return True
+        return not all(self.is_fusible(node, user) for user in node.users)
+
+
+Predicate = Callable[[fx.Node, PolicyContext], "str | None"]
+
+
+# ---- one predicate per heuristic -------------------------------------------------------------
+
+def must_save_annotation(node: fx.Node, ctx: PolicyContext) -> str | None:
+    return "MUST_SAVE annotation" if must_save(node) else None
+
+
+def not_in_allowlist(node: fx.Node, ctx: PolicyContext) -> str | None:
+    if ctx.options.ban_if_not_in_allowlist and not ctx.op_types.is_recomputable(node):
+        return f"not in allowlist: {aten_packet(node)} is not a recomputable op"
+    return None
+
+
+def random_op(node: fx.Node, ctx: PolicyContext) -> str | None:
+    if not ctx.options.ban_if_not_in_allowlist and ctx.op_types.is_random(node):
+        return "random op: recomputing would draw new random numbers"
+    return None
+
+
+def compute_intensive(node: fx.Node, ctx: PolicyContext) -> str | None:
+    if not ctx.options.ban_if_not_in_allowlist and ctx.op_types.is_compute_intensive(node):
+        return f"compute-intensive op: {aten_packet(node)}"
+    return None
+
+
+def materialized_in_backward(node: fx.Node, ctx: PolicyContext) -> str | None:
+    """A node the backward must materialize anyway is never free to recompute."""
+    if not ctx.options.ban_if_materialized_backward or ctx.op_types.is_view(node):
+        return None
+    pending = [node]
+    seen = {node}
+    while pending:
+        cur = pending.pop()
+        for user in cur.users:
+            if not ctx.node_info.is_required_fw(user) and not ctx.is_fusible(cur, user):
+                return f"materialized in backward: used unfused by {user.name}"
+            if ctx.op_types.is_view(user) and user not in seen:
+                seen.add(user)
+                pending.append(user)
+    return None
+
+
+def too_far_from_backward(node: fx.Node, ctx: PolicyContext) -> str | None:
+    dist = ctx.node_info.dist_from_bw.get(node, 0)
+    if ctx.max_dist_from_bw < dist < 1000:
+        return f"too far from backward: {dist} ops > max_dist_from_bw={ctx.max_dist_from_bw}"
+    return None
+
+
+def reduction(node: fx.Node, ctx: PolicyContext) -> str | None:
+    """Saving a small reduction output is cheap; recomputing it (e.g. a norm) is not."""
+    if not ctx.options.ban_if_reduction:
+        return None
+    input_bytes = sum(node_nbytes(a) for a in node.args if isinstance(a, fx.Node))
+    output_bytes = node_nbytes(node)
+    if output_bytes * 4 < input_bytes:
+        ratio = input_bytes / max(output_bytes, 1)
+        return f"reduction: output {ratio:.0f}x smaller than inputs"
+    return None
+
+
+# Order matters only for which reason is reported first; it follows seed 004.
+NODE_PREDICATES: tuple[Predicate, ...] = (
+    must_save_annotation,
+    not_in_allowlist,
+    random_op,
+    compute_intensive,
+    materialized_in_backward,
+    too_far_from_backward,
+    reduction,
+)
+
+
+def _never_banned(node: fx.Node, ctx: PolicyContext) -> bool:
+    if node.op != "call_function" or node.target is operator.getitem:
+        return True
+    if must_save(node):
+        return False
+    if ctx.recompute_views and ctx.op_types.is_view(node):
+        return True
+    return node.target in (aten.lift_fresh_copy.default, aten.lift_fresh.default)
+
+
+def ban_reason(node: fx.Node, ctx: PolicyContext) -> str | None:
+    """Why ``node`` may not be recomputed, or None (per-node heuristics only)."""
+    if _never_banned(node, ctx):
+        return None
+    for predicate in NODE_PREDICATES:
+        reason = predicate(node, ctx)
+        if reason is not None:
+            return reason
+    return None
+
+
+def can_be_banned(node: fx.Node, ctx: PolicyContext, dont_ban: set[fx.Node]) -> bool:
+    """Whether a ban may apply: views, annotated recomputes, SymFloats and dont_ban are exempt."""
+    if ctx.op_types.is_view(node) or node in dont_ban or must_recompute(node):
+        return False
+    return not isinstance(node.meta.get("val"), torch.SymFloat)
+
+
+# ---- graph-wide heuristics (they depend on the bans made so far) -----------------------------
+
+def _first_unfusible_use(ctx: PolicyContext, start: list[fx.Node], max_order: int) -> int:
+    info = ctx.node_info
+    heap: list[tuple[int, int, bool, fx.Node]] = []
+    pushed: set[tuple[fx.Node, bool]] = set()
+    tie = 0
+    for node in start:
+        heapq.heappush(heap, (info.get_fw_order(node), tie, True, node))
+        tie += 1
+        pushed.add((node, True))
+    while heap:
+        order, _, fusible, node = heapq.heappop(heap)
+        if not fusible:
+            return order
+        for user in node.users:
+            if info.is_required_fw(user) and info.get_fw_order(user) <= max_order:
+                entry = (user, ctx.is_fusible(node, user))
+                if entry not in pushed:
+                    pushed.add(entry)
+                    heapq.heappush(heap, (info.get_fw_order(user), tie, entry[1], user))
+                    tie += 1
+    return max_order
+
+
+Ban = Callable[[fx.Node, str], bool]
+
+
+def ban_used_far_apart(ctx: PolicyContext, banned: Collection[fx.Node], ban: Ban) -> None:
+    """Ban fusible users of a value that come after an unfusible use of it.
+
+    Recomputing both a near and a far user of one value rarely fuses, so the far one is saved.
+    ``ban(node, reason)`` records a ban (adding to ``banned``) where one is allowed.
+    """
+    info = ctx.node_info
+    if not ctx.options.ban_if_used_far_apart:
+        return
+    for used in info.required_fw_nodes:
+        fw_users = [u for u in used.users if info.is_required_fw(u)]
+        if not fw_users:
+            continue
+        last = max(info.get_fw_order(u) for u in fw_users)
+        first_unfusible = _first_unfusible_use(ctx, fw_users, last)
+        for user in used.users:
+            if (info.is_required_fw(user) and info.get_fw_order(user) > first_unfusible
+                    and ctx.is_fusible(used, user) and user not in banned):
+                ban(user, f"used far apart: {used.name} is used before and after an unfusible op")
+
+
+def ban_long_fusible_chains(ctx: PolicyContext, banned: Collection[fx.Node], ban: Ban) -> None:
+    """Cut chains of fusible forward ops longer than LONG_CHAIN (e.g. residual streams)."""
+    info = ctx.node_info
+    if not ctx.options.ban_if_long_fusible_chains:
+        return
+    visited: set[fx.Node] = set()
+    for start in info.required_fw_nodes:
+        start_order = info.get_fw_order(start)
+        heap = [(start_order, start.name, start)]
+        while heap:
+            order, _, cur = heapq.heappop(heap)
+            if cur in visited:
+                continue
+            visited.add(cur)
+            if order > start_order + LONG_CHAIN and not heap:
+                ban(cur, f"long fusible chain: {order - start_order} fusible ops from {start.name}")
+                break
+            for user in cur.users:
+                if (info.is_required_fw(user) and ctx.is_fusible(cur, user)
+                        and user not in banned):
+                    heapq.heappush(heap, (info.get_fw_order(user), user.name, user))

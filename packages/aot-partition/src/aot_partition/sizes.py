@@ -1,0 +1,80 @@
+"""Bytes held by a joint-graph node, with symbolic sizes replaced by their hints."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import py_sym_types
+
+from ._compat import int_hint, saved_output_desc_type
+from .errors import MissingMetadataError
+
+# Stand-in size for unbacked symbols that have no hint.
+UNBACKED_FALLBACK = 4096
+
+
+def tensor_nbytes(value: torch.Tensor) -> int:
+    return int_hint(value.numel(), fallback=UNBACKED_FALLBACK) * value.dtype.itemsize
+
+
+def _value_nbytes(value: object) -> int:
+    return tensor_nbytes(value) if isinstance(value, torch.Tensor) else 0
+
+
+def sym_node_size(node: fx.Node) -> int:
+    """Bytes charged for saving a symbolic scalar: ints/bools 1, floats 4 (as torch does)."""
+    return 4 if isinstance(node.meta["val"], torch.SymFloat) else 1
+
+
+def has_no_result(node: fx.Node) -> bool:
+    target = node.target
+    return node.op == "get_attr" or (
+        isinstance(target, torch._ops.OpOverload) and len(target._schema.returns) == 0
+    )
+
+
+def node_nbytes(node: fx.Node) -> int:
+    """Bytes of the value(s) ``node`` produces (tensors, tuples of tensors, symbolic scalars)."""
+    if "val" not in node.meta:
+        if has_no_result(node):
+            return 0
+        raise MissingMetadataError(node.name, str(node.target))
+    val = node.meta["val"]
+    if isinstance(val, py_sym_types):
+        return 1
+    if isinstance(val, torch.Tensor):
+        return tensor_nbytes(val)
+    if isinstance(val, (list, tuple)):
+        return sum(_value_nbytes(v) for v in val)
+    if isinstance(val, dict):
+        return sum(_value_nbytes(v) for v in val.values())
+    if val is None or isinstance(val, (int, float, bool)):
+        return 0
+    raise TypeError(
+        f"cannot size node '{node.name}': meta['val'] is a {type(val).__name__}; expected a "
+        "tensor, a symbolic scalar or a tuple/list of tensors"
+    )
+
+
+def saved_activation_bytes(fw_module: fx.GraphModule, num_fwd_outputs: int | None = None) -> int:
+    """Bytes of the tensors a forward graph saves for backward (outputs past the user outputs).
+
+    ``num_fwd_outputs`` defaults to what the output node's AOTAutograd descriptors say (both our
+    partitioners and torch's record them); symbolic scalars are not counted.
+    """
+    output = next(iter(fw_module.graph.find_nodes(op="output")))
+    outs = list(output.args[0])
+    if num_fwd_outputs is None:
+        saved_type = saved_output_desc_type()
+        descs = output.meta.get("desc")
+        if saved_type is None or not descs or len(descs) != len(outs):
+            raise ValueError(
+                "saved_activation_bytes: this forward graph's output node carries no "
+                "AOTAutograd descriptors; pass num_fwd_outputs (the number of user outputs)"
+            )
+        num_fwd_outputs = sum(not isinstance(d, saved_type) for d in descs)
+    total = 0
+    for out in outs[num_fwd_outputs:]:
+        if isinstance(out, fx.Node) and isinstance(out.meta.get("val"), torch.Tensor):
+            total += tensor_nbytes(out.meta["val"])
+    return total
