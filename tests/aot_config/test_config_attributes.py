@@ -142,3 +142,10 @@ def test_importing_aot_config_does_not_import_torch(run_python) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_inert_flag_set_to_its_default_does_not_warn() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dynamo.dynamic_shapes = True
+        dynamo.load_config(dynamo.save_config())

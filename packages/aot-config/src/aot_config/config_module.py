@@ -407,11 +407,12 @@ class ConfigModule(types.ModuleType):
     def _set_flag(self, name: str, value: Any) -> None:
         flag = self._flags[name]
         value = flag.check(value)
-        if flag.inert:
+        # Only a real change warns: load_config() of a full snapshot writes inert defaults too.
+        if flag.inert and value != flag.default:
             warnings.warn(
                 f"{flag.qualified_name} does nothing: {flag.inert}", InertFlagWarning, stacklevel=3
             )
-        if flag.forced_by_env:
+        if flag.forced_by_env and value != flag.env_forced_value:
             warnings.warn(
                 f"{flag.qualified_name} is forced to {flag.env_forced_value!r} by the environment "
                 f"variable {flag.env_forces}; the new value {value!r} has no effect while it is set",

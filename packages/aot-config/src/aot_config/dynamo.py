@@ -82,7 +82,6 @@ assume_static_by_default = Flag(
 # The seed's text is cut off after the comment describing this flag; torch declares it here.
 automatic_dynamic_shapes = Flag(
     True,
-    env="TORCH_DYNAMO_AUTOMATIC_DYNAMIC_SHAPES",
     doc="Recompile a frame with dynamic shapes for dims that changed since the first compile.",
 )
 
