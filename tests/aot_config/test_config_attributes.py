@@ -40,7 +40,10 @@ def test_float_flag_accepts_int_and_stores_float() -> None:
 
 
 def test_unknown_flag_suggests_closest_name() -> None:
-    with pytest.raises(AttributeError, match=r"no flag 'activation_memory_budgt'; did you mean 'activation_memory_budget'\?"):
+    with pytest.raises(
+        AttributeError,
+        match=r"no flag 'activation_memory_budgt'; did you mean 'activation_memory_budget'\?",
+    ):
         functorch.activation_memory_budgt  # noqa: B018
     with pytest.raises(AttributeError, match=r"no flag 'ces'; did you mean 'cse'\?"):
         functorch.ces = True
@@ -84,7 +87,9 @@ def test_mutable_defaults_are_not_shared(make_config) -> None:
 
 def test_deprecated_alias_forwards_with_warning(make_config) -> None:
     config = make_config(recompile_limit=Flag(8, aliases=("cache_size_limit",), doc="limit"))
-    with pytest.warns(DeprecationWarning, match=r"cache_size_limit is deprecated; use .*recompile_limit"):
+    with pytest.warns(
+        DeprecationWarning, match=r"cache_size_limit is deprecated; use .*recompile_limit"
+    ):
         config.cache_size_limit = 3
     assert config.recompile_limit == 3
     with pytest.warns(DeprecationWarning, match="cache_size_limit is deprecated"):

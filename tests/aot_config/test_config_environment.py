@@ -66,7 +66,9 @@ def test_every_seed_variable_is_declared() -> None:
 
 
 @pytest.mark.parametrize(("set_name", "name", "variable"), ENV_FLAGS)
-def test_environment_variable_changes_its_flag(run_python, set_name: str, name: str, variable: str) -> None:
+def test_environment_variable_changes_its_flag(
+    run_python, set_name: str, name: str, variable: str
+) -> None:
     config = FLAG_SETS[set_name]
     raw, expected = env_setting(config.flags()[name])
     assert expected != getattr(config, name)
@@ -140,17 +142,35 @@ def test_bad_bool_fails_the_import_in_a_real_process(run_python) -> None:
     ("variable", "raw", "message"),
     [
         ("TORCHDYNAMO_REPRO_LEVEL", "high", r"TORCHDYNAMO_REPRO_LEVEL='high' is not a valid int"),
-        ("TORCHDYNAMO_REPRO_LEVEL", "7", r"TORCHDYNAMO_REPRO_LEVEL='7': .*repro_level = 7 is not valid"),
-        ("TORCHDYNAMO_REPRO_AFTER", "both", r"TORCHDYNAMO_REPRO_AFTER='both': .*expected one of None, 'aot', 'dynamo'"),
-        ("AOT_MIN_CUT_SOLVER", "glpk", r"AOT_MIN_CUT_SOLVER='glpk': .*min_cut_solver = 'glpk' is not valid"),
+        (
+            "TORCHDYNAMO_REPRO_LEVEL",
+            "7",
+            r"TORCHDYNAMO_REPRO_LEVEL='7': .*repro_level = 7 is not valid",
+        ),
+        (
+            "TORCHDYNAMO_REPRO_AFTER",
+            "both",
+            r"TORCHDYNAMO_REPRO_AFTER='both': .*expected one of None, 'aot', 'dynamo'",
+        ),
+        (
+            "AOT_MIN_CUT_SOLVER",
+            "glpk",
+            r"AOT_MIN_CUT_SOLVER='glpk': .*min_cut_solver = 'glpk' is not valid",
+        ),
     ],
 )
-def test_bad_environment_values_are_rejected(make_config, variable: str, raw: str, message: str) -> None:
+def test_bad_environment_values_are_rejected(
+    make_config, variable: str, raw: str, message: str
+) -> None:
     config = FLAG_SETS["dynamo" if variable.startswith("TORCHDYNAMO") else "functorch"]
     name = next(n for n, f in config.flags().items() if f.env == variable)
     original = config.flags()[name]
     declaration = Flag(
-        original.default, type=original.type, env=variable, choices=original.choices, range=original.range
+        original.default,
+        type=original.type,
+        env=variable,
+        choices=original.choices,
+        range=original.range,
     )
     with pytest.raises(ValueError, match=f"environment variable {message}"):
         make_config(environ={variable: raw}, **{name: declaration})

@@ -131,6 +131,8 @@ def test_bad_patches_fail_eagerly() -> None:
         functorch.patch("cse", "no")
     with pytest.raises(TypeError, match=r"patch\('cse'\) needs a value"):
         functorch.patch("cse")
-    with pytest.raises(TypeError, match="expects a flag name, a dict or keyword arguments, got int"):
+    with pytest.raises(
+        TypeError, match="expects a flag name, a dict or keyword arguments, got int"
+    ):
         functorch.patch(3)
     assert functorch.cse is True

@@ -64,7 +64,9 @@ def test_load_config_accepts_a_dict() -> None:
 
 
 def test_load_config_rejects_unknown_keys_without_changing_anything() -> None:
-    with pytest.raises(ValueError, match=r"load_config: unknown flag\(s\) 'csee', 'bogus'; did you mean 'cse'\?"):
+    with pytest.raises(
+        ValueError, match=r"load_config: unknown flag\(s\) 'csee', 'bogus'; did you mean 'cse'\?"
+    ):
         functorch.load_config({"cse": False, "csee": True, "bogus": 1})
     assert functorch.cse is True
     with pytest.raises(ValueError, match="unknown flag"):
@@ -141,5 +143,7 @@ def test_codegen_imports_classes_and_functions() -> None:
 def test_codegen_comments_values_it_cannot_rebuild() -> None:
     dynamo.reorderable_logging_functions = {lambda message: None}
     source = dynamo.codegen_config()
-    assert "# aot_config.dynamo.reorderable_logging_functions not reproduced: no source form" in source
+    assert (
+        "# aot_config.dynamo.reorderable_logging_functions not reproduced: no source form" in source
+    )
     exec(compile(source, "<codegen>", "exec"), {})

@@ -51,7 +51,9 @@ def test_validator_rejects_bad_value(set_name: str, name: str) -> None:
     config = FLAG_SETS[set_name]
     before = getattr(config, name)
     for value in bad_values(config.flags()[name]):
-        pattern = rf"aot_config\.{set_name}\.{name} = {re.escape(repr(value))} is not valid: expected"
+        pattern = (
+            rf"aot_config\.{set_name}\.{name} = {re.escape(repr(value))} is not valid: expected"
+        )
         with pytest.raises(ValueError, match=pattern):
             setattr(config, name, value)
         with pytest.raises(ValueError, match=pattern):
@@ -63,7 +65,9 @@ def test_validator_rejects_bad_value(set_name: str, name: str) -> None:
 def test_type_check_rejects_wrong_type(set_name: str, name: str) -> None:
     config = FLAG_SETS[set_name]
     wrong = object()
-    with pytest.raises(ValueError, match=rf"{set_name}\.{name} = <object object at .*> is not valid: expected"):
+    with pytest.raises(
+        ValueError, match=rf"{set_name}\.{name} = <object object at .*> is not valid: expected"
+    ):
         setattr(config, name, wrong)
 
 
@@ -82,7 +86,9 @@ def test_range_message_lists_the_bounds() -> None:
         match=r"activation_memory_budget = 1.5 is not valid: expected a number in \[0.0, 1.0\]",
     ):
         functorch.activation_memory_budget = 1.5
-    with pytest.raises(ValueError, match=r"repro_level = 9 is not valid: expected a number in \[1, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"repro_level = 9 is not valid: expected a number in \[1, 4\]"
+    ):
         dynamo.repro_level = 9
 
 

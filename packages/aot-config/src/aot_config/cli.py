@@ -83,8 +83,11 @@ def render_table(name: str, records: list[dict[str, Any]], width: int) -> str:
                 _short(record["type"], 18),
                 _short(repr(record["value"])),
                 _short(repr(record["default"])),
-                "env" if record["source"].startswith("env") else
-                "forced" if record["source"].startswith("forced") else record["source"],
+                "env"
+                if record["source"].startswith("env")
+                else "forced"
+                if record["source"].startswith("forced")
+                else record["source"],
                 env,
                 "yes" if record["compile_ignored"] else "",
                 (f"[inert] {record['doc']}" if record["inert"] else record["doc"]),
@@ -111,8 +114,11 @@ def render_table(name: str, records: list[dict[str, Any]], width: int) -> str:
             lines.extend(" " * lead + extra for extra in doc_lines[1:])
         else:
             lines.append(line(row[:-1]))
-            lines.extend(textwrap.wrap(row[-1], max(40, width - 6), initial_indent="      ",
-                                       subsequent_indent="      "))
+            lines.extend(
+                textwrap.wrap(
+                    row[-1], max(40, width - 6), initial_indent="      ", subsequent_indent="      "
+                )
+            )
     return "\n".join(lines)
 
 

@@ -170,11 +170,16 @@ class Flag:
 
     def read_environment(self, environ: Mapping[str, str]) -> None:
         """Parse and check this flag's environment variables (called once, at install)."""
-        for variable, slot in ((self.env, "env_default_value"), (self.env_forces, "env_forced_value")):
+        for variable, slot in (
+            (self.env, "env_default_value"),
+            (self.env_forces, "env_forced_value"),
+        ):
             if variable is None or variable not in environ:
                 continue
             raw = environ[variable]
-            parsed = self.env_parse(raw) if self.env_parse else parse_env_value(raw, self.type, variable)
+            parsed = (
+                self.env_parse(raw) if self.env_parse else parse_env_value(raw, self.type, variable)
+            )
             try:
                 setattr(self, slot, self.check(parsed))
             except ValueError as error:
@@ -311,9 +316,11 @@ def _source(value: Any, imports: set[str]) -> str:
             return "set()"
         return "{" + ", ".join(sorted(_source(v, imports) for v in value)) + "}"
     if isinstance(value, dict):
-        return "{" + ", ".join(
-            f"{_source(k, imports)}: {_source(v, imports)}" for k, v in value.items()
-        ) + "}"
+        return (
+            "{"
+            + ", ".join(f"{_source(k, imports)}: {_source(v, imports)}" for k, v in value.items())
+            + "}"
+        )
     path = _object_path(value)
     if path is not None and "." not in value.__qualname__:
         imports.add(value.__module__)
@@ -483,7 +490,9 @@ class ConfigModule(types.ModuleType):
 
     def save_config(self) -> bytes:
         """Pickle every savable flag (``save=False`` / ``_save_config_ignore`` are skipped)."""
-        return pickle.dumps({name: self._value_of(name) for name in self._saved_names()}, protocol=2)
+        return pickle.dumps(
+            {name: self._value_of(name) for name in self._saved_names()}, protocol=2
+        )
 
     def save_config_portable(self) -> dict[str, Any]:
         """A JSON-compatible dict of the public savable flags, for other processes or versions.
@@ -527,7 +536,11 @@ class ConfigModule(types.ModuleType):
         checked = {}
         for key, value in config.items():
             flag = self._flags[key]
-            if isinstance(value, list) and matches_type(set(), flag.type) and not matches_type(value, flag.type):
+            if (
+                isinstance(value, list)
+                and matches_type(set(), flag.type)
+                and not matches_type(value, flag.type)
+            ):
                 value = set(value)  # portable form of a set flag
             checked[key] = flag.check(value)
         for key, value in checked.items():
@@ -571,7 +584,9 @@ class ConfigModule(types.ModuleType):
         merged: dict[str, Any] = {}
         if isinstance(arg1, str):
             if arg2 is _UNSET:
-                raise TypeError(f"{self.__name__}.patch({arg1!r}) needs a value: patch(name, value)")
+                raise TypeError(
+                    f"{self.__name__}.patch({arg1!r}) needs a value: patch(name, value)"
+                )
             merged[arg1] = arg2
         elif isinstance(arg1, Mapping):
             if arg2 is not _UNSET:
@@ -665,7 +680,9 @@ def _iter_flags(module: types.ModuleType) -> Iterator[tuple[str, Flag]]:
             yield name, value
 
 
-def install_config_module(module: types.ModuleType, environ: Mapping[str, str] | None = None) -> ConfigModule:
+def install_config_module(
+    module: types.ModuleType, environ: Mapping[str, str] | None = None
+) -> ConfigModule:
     """Turn ``module``'s ``Flag`` declarations into checked attributes, in place.
 
     Reads each flag's environment variables now (``environ`` defaults to ``os.environ``); a
@@ -691,7 +708,9 @@ def install_config_module(module: types.ModuleType, environ: Mapping[str, str] |
     save_ignore = frozenset(vars(module).get("_save_config_ignore", ()))
     unknown_ignored = save_ignore - set(flags)
     if unknown_ignored:
-        log.debug("%s._save_config_ignore names non-flags: %s", module.__name__, sorted(unknown_ignored))
+        log.debug(
+            "%s._save_config_ignore names non-flags: %s", module.__name__, sorted(unknown_ignored)
+        )
     module.__class__ = ConfigModule
     # Write the bookkeeping straight into the module dict, past our __setattr__.
     state = vars(module)

@@ -60,7 +60,9 @@ specialize_int = Flag(
     False, doc="Specialize on int inputs under dynamic shapes (mostly for export: False)."
 )
 
-specialize_float = Flag(True, doc="Specialize on float inputs instead of promoting them to tensors.")
+specialize_float = Flag(
+    True, doc="Specialize on float inputs instead of promoting them to tensors."
+)
 
 dynamic_shapes = Flag(
     True,
@@ -103,7 +105,9 @@ replay_record_enabled = Flag(
     doc="Record the failing frame's execution to a file when an exception occurs.",
 )
 
-rewrite_assert_with_torch_assert = Flag(True, doc="Rewrite Python assert statements to torch._assert.")
+rewrite_assert_with_torch_assert = Flag(
+    True, doc="Rewrite Python assert statements to torch._assert."
+)
 
 disable = Flag(False, env="TORCH_COMPILE_DISABLE", doc="Disable dynamo entirely.")
 

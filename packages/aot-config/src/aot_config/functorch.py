@@ -51,7 +51,9 @@ static_weight_shapes = Flag(
     doc="Treat parameter and buffer shapes as static even when dynamic shapes are on.",
 )
 
-cse = Flag(True, doc="Apply common-subexpression elimination to the joint graph before partitioning.")
+cse = Flag(
+    True, doc="Apply common-subexpression elimination to the joint graph before partitioning."
+)
 
 # The seed used `not is_fbcode()`; outside Meta's internal build that is True.
 view_replay_for_aliased_outputs = Flag(
