@@ -1,0 +1,197 @@
+"""``aot-pipeline``: train the built-in models, sweep the memory budget, explain a partition.
+
+Bad arguments end with exit status 2 and one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .models import MODEL_NAMES
+from .options import COMPILERS, SOLVERS, PipelineOptionError, validate_memory_budget
+
+log = logging.getLogger(__name__)
+
+PROG = "aot-pipeline"
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A bad command line; printed as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1]") from None
+    try:
+        return validate_memory_budget(value)
+    except PipelineOptionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def model_args(sub: argparse.ArgumentParser, default_layers: int) -> None:
+        sub.add_argument("--model", choices=MODEL_NAMES, default="gpt",
+                         help="built-in tiny model (default gpt)")
+        sub.add_argument("--layers", type=_positive, default=default_layers,
+                         help=f"layers/blocks of the model (default {default_layers})")
+
+    train = commands.add_parser(
+        "train", help="train eager, inductor and aot_pipeline side by side and compare")
+    model_args(train, 2)
+    train.add_argument("--steps", type=_positive, default=10, help="SGD steps (default 10)")
+    train.add_argument("--memory-budget", type=_budget, default=1.0,
+                       help="activation memory budget in [0, 1] (default 1.0)")
+    train.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
+    train.add_argument("--compiler", choices=COMPILERS, default="inductor",
+                       help="compiler for our forward and backward (default inductor)")
+    train.add_argument("--compiled-autograd", action="store_true",
+                       help="run our backward through compiled autograd")
+    train.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    train.add_argument("--variants", default="eager,inductor,aot_pipeline",
+                       help="comma-separated runs (default eager,inductor,aot_pipeline)")
+    train.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    pareto = commands.add_parser(
+        "pareto", help="sweep the memory budget; plot saved memory against recompute")
+    model_args(pareto, 2)
+    pareto.add_argument("--output", type=Path, default=Path("pareto.png"),
+                        help="PNG to write (default pareto.png)")
+    pareto.add_argument("--budgets", help="comma-separated budgets (default: the partitioner's)")
+
+    partition = commands.add_parser(
+        "partition", help="show which activations are saved or recomputed, and why")
+    model_args(partition, 1)
+    partition.add_argument("--memory-budget", type=_budget, default=1.0,
+                           help="activation memory budget in [0, 1] (default 1.0)")
+    partition.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        return {"train": _train, "pareto": _pareto, "partition": _partition}[args.command](args)
+    except (UsageError, PipelineOptionError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .report import train_table
+    from .train import VARIANTS, TrainSettings, check_device, train_all
+
+    check_device(args.device)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise UsageError(f"unknown variant(s) {', '.join(unknown) or '(none)'}; "
+                         f"choose from {', '.join(VARIANTS)}")
+    settings = TrainSettings(
+        model=args.model, layers=args.layers, steps=args.steps, memory_budget=args.memory_budget,
+        solver=args.solver, compiler=args.compiler, compiled_autograd=args.compiled_autograd,
+        device=args.device, variants=variants,
+    )
+    results = train_all(settings, progress=not args.no_progress)
+    print(f"{args.model} ({args.layers} layers), {args.steps} steps on {args.device}; ours: "
+          f"memory budget {args.memory_budget}, solver {args.solver}, compiler {args.compiler}"
+          f"{', compiled autograd' if args.compiled_autograd else ''}")
+    print(train_table(results))
+    if args.json:
+        payload = {"settings": {k: v for k, v in asdict(settings).items()},
+                   "results": [asdict(r) for r in results]}
+        args.json.write_text(json.dumps(payload, indent=2, default=list))
+    return 0 if all(r.matches_eager is not False for r in results) else 1
+
+
+def _joint(args: argparse.Namespace) -> Any:
+    from .joint import trace_joint
+    from .models import build_model
+
+    built = build_model(args.model, layers=args.layers)
+    return trace_joint(built.module, built.make_inputs())
+
+
+def _pareto(args: argparse.Namespace) -> int:
+    from aot_partition import memory_budget_pareto
+    from aot_partition.pareto import plot_pareto
+
+    from .report import format_table
+
+    budgets = None
+    if args.budgets:
+        try:
+            budgets = [validate_memory_budget(float(b)) for b in args.budgets.split(",")]
+        except ValueError as error:
+            raise UsageError(f"--budgets: {error}") from None
+    joint = _joint(args)
+    points = memory_budget_pareto(joint.module, joint.inputs,
+                                  num_fwd_outputs=joint.num_fwd_outputs, budgets=budgets)
+    print(f"{args.model} ({args.layers} layers): memory against recompute over budgets")
+    print(format_table(["budget", "saved memory (ratio of budget 1.0)", "recompute runtime"],
+                       [[f"{p.budget:.3f}", f"{p.memory_ratio:.3f}", f"{p.recompute_runtime:.4g}"]
+                        for p in points]))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    plot_pareto({args.model: points}, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _partition(args: argparse.Namespace) -> int:
+    from aot_config import functorch as functorch_flags
+    from aot_partition import explain_partition
+
+    from .report import format_bytes, format_table
+
+    joint = _joint(args)
+    with functorch_flags.patch(activation_memory_budget_solver=args.solver):
+        report = explain_partition(joint.module, joint.inputs,
+                                   num_fwd_outputs=joint.num_fwd_outputs,
+                                   memory_budget=args.memory_budget)
+    print(f"{args.model} ({args.layers} layers), memory budget {report.memory_budget}, "
+          f"solver {report.solver}: {len(report.saved)} saved "
+          f"({format_bytes(report.saved_bytes)}), {len(report.recomputed)} recomputed")
+    for title, decisions in (("saved for backward", report.saved),
+                             ("recomputed in backward", report.recomputed)):
+        print(f"\n{title}:")
+        print(format_table(["node", "op", "bytes", "why"],
+                           [[d.name, d.op, d.nbytes, d.reason] for d in decisions]))
+    if report.banned:
+        print("\nbanned from recompute (must be saved if the backward needs them):")
+        print(format_table(["node", "reason"], sorted(report.banned.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

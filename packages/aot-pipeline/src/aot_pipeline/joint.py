@@ -1,0 +1,51 @@
+"""Trace a model's joint forward+backward graph, as AOTAutograd hands it to a partitioner.
+
+``pareto`` and ``partition`` explain what the partitioner does to this graph. It is traced
+without decompositions (the graph ``compiler="nop"`` partitions), so nodes keep readable
+high-level names such as ``native_layer_norm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+
+@dataclass
+class JointGraph:
+    module: fx.GraphModule
+    inputs: list[Any]
+    num_fwd_outputs: int
+
+
+class _JointCaptured(Exception):
+    """Stops AOTAutograd once the partitioner has been handed the joint graph."""
+
+    def __init__(self, joint: JointGraph) -> None:
+        super().__init__("joint graph captured")
+        self.joint = joint
+
+
+def trace_joint(module: nn.Module, inputs: Sequence[torch.Tensor]) -> JointGraph:
+    """The joint graph of ``module(*inputs)`` with a loss on all its outputs."""
+    from torch._functorch.aot_autograd import aot_module
+
+    def capture(joint_module: fx.GraphModule, joint_inputs: Sequence[Any], *,
+                num_fwd_outputs: int, **_: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        raise _JointCaptured(JointGraph(joint_module, list(joint_inputs), num_fwd_outputs))
+
+    def unused_compiler(gm: fx.GraphModule, _: Sequence[Any]) -> fx.GraphModule:
+        return gm
+
+    traced = aot_module(module, fw_compiler=unused_compiler, partition_fn=capture)
+    try:
+        traced(*inputs)
+    except _JointCaptured as captured:
+        return captured.joint
+    raise RuntimeError(
+        f"{type(module).__name__} produced no joint graph: no output requires grad")

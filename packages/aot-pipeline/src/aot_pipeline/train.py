@@ -1,0 +1,209 @@
+"""Train a built-in model the same way three times: eager, ``backend="inductor"``, and ours.
+
+Each run builds the model afresh from the same seed and feeds the same synthetic batches, so the
+losses of the three runs must agree up to float rounding. Each run records:
+
+- ``first_step_s``: wall time of step 1, which includes compiling forward and backward;
+- ``step_s``: median wall time of the later steps;
+- ``saved_bytes``: bytes the forward keeps alive for the backward. Ours: read from the forward
+  graph our partitioner produced; Inductor's: from the forward graph torch's partitioner gave
+  Inductor (captured at ``compile_fx``'s ``inner_compile``); eager: the distinct storages
+  autograd packed during one forward (``saved_tensors_hooks``). Parameters saved for the
+  backward count in all three;
+- ``peak_memory_bytes``: peak CUDA memory allocated over the steps after the first (GPU only).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import _compat
+from .models import BuiltModel, build_model
+from .options import PipelineOptionError, PipelineOptions
+from .recording import PartitionRecorder
+
+log = logging.getLogger(__name__)
+
+VARIANTS: tuple[str, ...] = ("eager", "inductor", "aot_pipeline")
+LEARNING_RATE = 1e-2
+# Losses of compiled runs agree with eager when within this relative tolerance at every step.
+LOSS_RTOL = 1e-3
+LOSS_ATOL = 1e-5
+
+
+@dataclass
+class TrainResult:
+    variant: str
+    losses: list[float]
+    first_step_s: float
+    step_s: float
+    saved_bytes: int | None
+    peak_memory_bytes: int | None = None
+    matches_eager: bool | None = None
+
+    @property
+    def final_loss(self) -> float:
+        return self.losses[-1]
+
+
+@dataclass
+class TrainSettings:
+    model: str = "gpt"
+    layers: int = 2
+    steps: int = 10
+    memory_budget: float = 1.0
+    solver: str = "dp"
+    compiler: str = "inductor"
+    compiled_autograd: bool = False
+    device: str = "cpu"
+    variants: Sequence[str] = field(default_factory=lambda: VARIANTS)
+
+    def pipeline_options(self) -> PipelineOptions:
+        return PipelineOptions(memory_budget=self.memory_budget, solver=self.solver,
+                               compiler=self.compiler, compiled_autograd=self.compiled_autograd)
+
+
+def check_device(device: str) -> torch.device:
+    """``device`` as a torch.device, or a PipelineOptionError naming what is available."""
+    if device not in ("cpu", "cuda"):
+        raise PipelineOptionError(f"unknown device {device!r}; choose one of cpu, cuda")
+    if device == "cuda" and not _compat.cuda_available():
+        raise PipelineOptionError("--device cuda was asked for, but torch sees no CUDA device; "
+                                  "use --device cpu")
+    return torch.device(device)
+
+
+def eager_saved_bytes(module: nn.Module, inputs: Sequence[torch.Tensor],
+                      loss_fn: Callable[[Any], torch.Tensor]) -> int:
+    """Bytes of the distinct storages autograd saves in one eager forward of ``module``."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss_fn(module(*inputs))
+    return sum(storages.values())
+
+
+class _Runner:
+    """How one variant calls the model and runs its backward, and what it saves."""
+
+    def __init__(self, variant: str, built: BuiltModel, settings: TrainSettings) -> None:
+        self.variant = variant
+        self.built = built
+        self.recorder = PartitionRecorder()
+        self.backward: Callable[[torch.Tensor], None] = lambda loss: loss.backward()
+        if variant == "eager":
+            self.call: Callable[..., Any] = built.module
+        elif variant == "inductor":
+            self.call = torch.compile(built.module, backend=self._recording_inductor())
+        elif variant == "aot_pipeline":
+            from .api import CompiledModel
+
+            compiled = CompiledModel(built.module, settings.pipeline_options(), dynamic=None)
+            self.recorder = compiled.recorder
+            self.call = compiled
+            self.backward = compiled.backward
+        else:
+            raise PipelineOptionError(
+                f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+
+    def _recording_inductor(self) -> Callable[..., Any]:
+        """``backend="inductor"`` as is, but keeping the forward graph Inductor is given."""
+        recorder = self.recorder
+
+        def inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                          *args: Any, **kwargs: Any) -> Any:
+            if not kwargs.get("is_backward", False) and not kwargs.get("is_inference", False):
+                recorder.record_forward(gm)
+            return _compat.compile_fx_inner()(gm, example_inputs, *args, **kwargs)
+
+        def inductor(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            # The FX graph cache off: a cache hit would skip inner_compile (kernels stay cached).
+            return _compat.compile_fx()(gm, example_inputs, inner_compile=inner_compile,
+                                        config_patches={"fx_graph_cache": False})
+
+        return inductor
+
+    def saved_bytes(self, inputs: Sequence[torch.Tensor]) -> int | None:
+        if self.variant == "eager":
+            return eager_saved_bytes(self.built.module, inputs, self.built.loss)
+        return self.recorder.saved_bytes
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_variant(variant: str, settings: TrainSettings, progress: bool = True) -> TrainResult:
+    """Train ``settings.model`` for ``settings.steps`` SGD steps as ``variant``."""
+    device = check_device(settings.device)
+    if settings.steps < 1:
+        raise PipelineOptionError(f"steps must be >= 1, got {settings.steps}")
+    torch._dynamo.reset()  # each variant compiles from scratch, with its own back end
+    built = build_model(settings.model, layers=settings.layers, device=device)
+    runner = _Runner(variant, built, settings)
+    optimizer = torch.optim.SGD(built.module.parameters(), lr=LEARNING_RATE)
+    losses: list[float] = []
+    times: list[float] = []
+    first_inputs: tuple[torch.Tensor, ...] | None = None
+    steps = _progress(range(settings.steps), variant, progress)
+    for step in steps:
+        inputs = built.make_inputs()
+        first_inputs = first_inputs or inputs
+        if step == 1 and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        _synchronize(device)
+        start = time.perf_counter()
+        loss = built.loss(runner.call(*inputs))
+        runner.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    peak = (torch.cuda.max_memory_allocated(device)
+            if device.type == "cuda" and settings.steps > 1 else None)
+    assert first_inputs is not None
+    return TrainResult(
+        variant=variant, losses=losses, first_step_s=times[0],
+        step_s=statistics.median(times[1:]) if len(times) > 1 else times[0],
+        saved_bytes=runner.saved_bytes(first_inputs), peak_memory_bytes=peak,
+    )
+
+
+def losses_agree(losses: Sequence[float], reference: Sequence[float]) -> bool:
+    return len(losses) == len(reference) and all(
+        math.isclose(a, b, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL) for a, b in zip(losses, reference))
+
+
+def train_all(settings: TrainSettings, progress: bool = True) -> list[TrainResult]:
+    """Run every variant in ``settings.variants``; compare each one's losses with eager's."""
+    results = [train_variant(variant, settings, progress) for variant in settings.variants]
+    eager = next((r for r in results if r.variant == "eager"), None)
+    if eager is not None:
+        for result in results:
+            result.matches_eager = losses_agree(result.losses, eager.losses)
+    return results
+
+
+def _progress(steps: range, label: str, enabled: bool) -> Any:
+    if not enabled:
+        return steps
+    from tqdm import tqdm
+
+    return tqdm(steps, desc=f"{label:>12}", unit="step", file=sys.stderr, leave=True)
