@@ -1,0 +1,135 @@
+"""Each package builds alone and installs into a clean virtual environment with only its declared
+dependencies, and the dependency direction config <- partition <- compilers <- pipeline holds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "aot-config": "aot_config",
+    "aot-partition": "aot_partition",
+    "aot-compilers": "aot_compilers",
+    "compiled-autograd": "compiled_autograd",
+    "aot-pipeline": "aot_pipeline",
+}
+# What each package may depend on, inside the workspace.
+ALLOWED_WORKSPACE_DEPS = {
+    "aot-config": set(),
+    "aot-partition": {"aot-config"},
+    "aot-compilers": {"aot-config", "aot-partition"},
+    "compiled-autograd": {"aot-config"},
+    "aot-pipeline": {"aot-config", "aot-partition", "aot-compilers", "compiled-autograd"},
+}
+
+uv = shutil.which("uv")
+needs_uv = pytest.mark.skipif(uv is None, reason="uv is not on PATH")
+
+
+def _declared(dist: str) -> set[str]:
+    meta = tomllib.loads((ROOT / "packages" / dist / "pyproject.toml").read_text())
+    names = set()
+    for req in meta["project"]["dependencies"]:
+        name = req.split(";")[0].split("[")[0]
+        for sep in "<>=!~ ":
+            name = name.split(sep)[0]
+        names.add(name.strip())
+    return names
+
+
+@pytest.mark.parametrize("dist", sorted(PACKAGES))
+def test_dependencies_point_one_way(dist):
+    workspace_deps = _declared(dist) & set(PACKAGES)
+    assert workspace_deps <= ALLOWED_WORKSPACE_DEPS[dist], (
+        f"{dist} depends on {sorted(workspace_deps - ALLOWED_WORKSPACE_DEPS[dist])}, "
+        "against the direction config <- partition <- compilers <- pipeline")
+
+
+@pytest.mark.parametrize("dist", sorted(PACKAGES))
+def test_package_layout(dist):
+    pkg = ROOT / "packages" / dist
+    src = pkg / "src" / PACKAGES[dist]
+    assert (src / "__init__.py").is_file()
+    assert (src / "py.typed").is_file(), f"{dist} must ship py.typed"
+    readme = (pkg / "README.md").read_text()
+    assert len(readme.splitlines()) > 10, f"{dist}/README.md is a stub"
+    version = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]["version"]
+    assert version.count(".") == 2
+
+
+def test_partition_imports_without_compilers_autograd_or_pipeline():
+    code = ("import sys, aot_partition; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'aot_compilers', 'compiled_autograd', 'aot_pipeline'}); print(bad); "
+            "sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_config_imports_without_torch():
+    code = ("import sys, aot_config; from aot_config import functorch, dynamo; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, "importing aot_config imported torch\n" + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    for dist in PACKAGES:
+        subprocess.run([uv, "build", "--quiet", "--package", dist, "--wheel", "-o", str(out)],
+                       cwd=ROOT, check=True)
+    return out
+
+
+def _clean_venv_import(wheels: Path, tmp: Path, dist: str, code: str) -> subprocess.CompletedProcess:
+    venv = tmp / f"venv-{dist}"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, env=env)
+    env["VIRTUAL_ENV"] = str(venv)
+    # Only the wheel and its declared dependencies: workspace siblings come from the built wheels.
+    subprocess.run([uv, "pip", "install", "--quiet", "--find-links", str(wheels), dist],
+                   check=True, env=env, cwd=tmp)
+    python = venv / "bin" / "python"
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=tmp, env=env)
+
+
+@needs_uv
+@pytest.mark.slow
+def test_config_wheel_installs_alone_without_torch(wheels, tmp_path):
+    proc = _clean_venv_import(
+        wheels, tmp_path, "aot-config",
+        "import importlib.util, aot_config.functorch as f; "
+        "assert importlib.util.find_spec('torch') is None; print(f.activation_memory_budget)")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1.0"
+
+
+@needs_uv
+@pytest.mark.slow
+def test_partition_wheel_installs_alone(wheels, tmp_path):
+    proc = _clean_venv_import(
+        wheels, tmp_path, "aot-partition",
+        "import importlib.util, aot_partition; "
+        "print([n for n in ('aot_compilers', 'compiled_autograd', 'aot_pipeline') "
+        "if importlib.util.find_spec(n)]); "
+        "print(callable(aot_partition.min_cut_rematerialization_partition))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[]", "True"]
+
+
+@needs_uv
+@pytest.mark.slow
+def test_pipeline_wheel_installs_with_its_siblings(wheels, tmp_path):
+    proc = _clean_venv_import(
+        wheels, tmp_path, "aot-pipeline",
+        "import aot_pipeline, aot_compilers, compiled_autograd, aot_partition, aot_config; print('ok')")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
