@@ -72,7 +72,7 @@ def _short(text: str, width: int = _VALUE_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def render_table(name: str, records: list[dict[str, Any]], width: int) -> str:
+def render_table(name: str, records: list[dict[str, Any]], width: int, total: int) -> str:
     header = ("flag", "type", "value", "default", "source", "env", "ci", "doc")
     rows = []
     for record in records:
@@ -93,7 +93,8 @@ def render_table(name: str, records: list[dict[str, Any]], width: int) -> str:
                 (f"[inert] {record['doc']}" if record["inert"] else record["doc"]),
             )
         )
-    title = f"{name}: {len(records)} flag{'' if len(records) == 1 else 's'}  (* = differs from default, ci = compile-ignored)"
+    count = f"{total} flags" if len(records) == total else f"{len(records)} of {total} flags"
+    title = f"{name}: {count}  (* = differs from default, ci = compile-ignored)"
     if not rows:
         return f"{title}\n  (no flags differ from their defaults)"
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
@@ -124,15 +125,19 @@ def render_table(name: str, records: list[dict[str, Any]], width: int) -> str:
 
 def show(names: Sequence[str], changed_only: bool, as_json: bool, width: int) -> str:
     report: dict[str, list[dict[str, Any]]] = {}
+    totals: dict[str, int] = {}
     for name in names:
         config = load_flag_set(name)
         records = [flag_record(config, flag) for flag in config.flags().values()]
+        totals[name] = len(records)
         if changed_only:
             records = [record for record in records if record["changed"]]
         report[name] = records
     if as_json:
         return json.dumps(report, indent=2, sort_keys=False)
-    return "\n\n".join(render_table(name, records, width) for name, records in report.items())
+    return "\n\n".join(
+        render_table(name, records, width, totals[name]) for name, records in report.items()
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
