@@ -108,3 +108,16 @@ def test_custom_validator_message(make_config) -> None:
     with pytest.raises(ValueError, match=r"\.even = 3 is not valid: expected an even number"):
         config.even = 3
     assert config.even == 4
+
+
+def test_nan_is_outside_every_range() -> None:
+    with pytest.raises(ValueError, match=r"activation_memory_budget = nan is not valid"):
+        functorch.activation_memory_budget = float("nan")
+
+
+def test_optional_float_widens_int(make_config) -> None:
+    config = make_config(scale=Flag(None, type=float | None, range=(0, None)))
+    config.scale = 2
+    assert config.scale == 2.0 and isinstance(config.scale, float)
+    config.scale = None
+    assert config.scale is None

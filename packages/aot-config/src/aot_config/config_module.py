@@ -106,7 +106,7 @@ class Flag:
     def __post_init__(self) -> None:
         if self.type is None:
             if self.default is None:
-                raise TypeError("Flag(None) needs an explicit type=, e.g. type=Optional[str]")
+                raise TypeError("Flag(None) needs an explicit type=, e.g. type=str | None")
             self.type = type(self.default)
         if self.choices is not None:
             self.choices = tuple(self.choices)
@@ -155,7 +155,8 @@ class Flag:
             )
         if self.range is not None and value is not None:
             low, high = self.range
-            if (low is not None and value < low) or (high is not None and value > high):
+            out_of_range = (low is not None and value < low) or (high is not None and value > high)
+            if out_of_range or value != value:  # NaN compares false with every bound
                 raise ValueError(
                     f"{self.qualified_name} = {value!r} is not valid: expected a number in "
                     f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
@@ -164,7 +165,8 @@ class Flag:
             problem = self.validator(value)
             if problem:
                 raise ValueError(f"{self.qualified_name} = {value!r} is not valid: {problem}")
-        if self.type is float and isinstance(value, int):
+        members = _type_members(self.type)
+        if type(value) is int and float in members and int not in members:
             value = float(value)
         return value
 
