@@ -154,3 +154,21 @@ def test_inert_flag_set_to_its_default_does_not_warn() -> None:
         warnings.simplefilter("error")
         dynamo.dynamic_shapes = True
         dynamo.load_config(dynamo.save_config())
+
+
+RELOAD_SCRIPT = """
+import importlib, os
+from aot_config import functorch
+functorch.cse = False
+os.environ["AOT_MIN_CUT_SOLVER"] = "networkx"
+importlib.reload(functorch)
+print(functorch.cse, functorch.min_cut_solver, functorch.value_source("min_cut_solver"))
+functorch.activation_memory_budget = 0.5
+print(functorch.activation_memory_budget)
+"""
+
+
+def test_reload_reinstalls_and_rereads_environment(run_python) -> None:
+    result = run_python(RELOAD_SCRIPT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "networkx", "env", "AOT_MIN_CUT_SOLVER", "0.5"]

@@ -371,7 +371,9 @@ class ConfigModule(types.ModuleType):
 
     def __setattr__(self, name: str, value: Any) -> None:
         flags = self.__dict__.get("_flags")
-        if flags is None or name.startswith("__"):
+        if flags is None or name.startswith("__") or isinstance(value, Flag):
+            # A Flag declaration arrives when importlib.reload() re-runs the module body; it is
+            # stored as-is and picked up again by install_config_module at the bottom.
             super().__setattr__(name, value)
             return
         if name in self._aliases:
@@ -687,12 +689,16 @@ def install_config_module(
 ) -> ConfigModule:
     """Turn ``module``'s ``Flag`` declarations into checked attributes, in place.
 
-    Reads each flag's environment variables now (``environ`` defaults to ``os.environ``); a
+    Calling it again on a reloaded module (``importlib.reload``) re-reads declarations and
+    environment and drops earlier writes. Reads each flag's environment variables now (``environ`` defaults to ``os.environ``); a
     malformed value raises ValueError naming the variable. A module-level
     ``_save_config_ignore`` set names flags that ``save_config`` skips. Returns the module.
     """
     if isinstance(module, ConfigModule):
-        raise TypeError(f"{module.__name__} is already a config module")
+        if not any(True for _ in _iter_flags(module)):
+            raise TypeError(f"{module.__name__} is already a config module")
+        # importlib.reload(): start over from the fresh declarations, environment re-read.
+        log.debug("reinstalling %s after reload", module.__name__)
     environ = os.environ if environ is None else environ
     flags: dict[str, Flag] = {}
     aliases: dict[str, str] = {}
@@ -706,7 +712,7 @@ def install_config_module(
             if alias in aliases or isinstance(vars(module).get(alias), Flag):
                 raise ValueError(f"{module.__name__}: alias {alias!r} is already a flag or alias")
             aliases[alias] = name
-        delattr(module, name)
+        del vars(module)[name]
     save_ignore = frozenset(vars(module).get("_save_config_ignore", ()))
     unknown_ignored = save_ignore - set(flags)
     if unknown_ignored:
