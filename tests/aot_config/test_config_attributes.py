@@ -172,3 +172,11 @@ def test_reload_reinstalls_and_rereads_environment(run_python) -> None:
     result = run_python(RELOAD_SCRIPT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "networkx", "env", "AOT_MIN_CUT_SOLVER", "0.5"]
+
+
+@pytest.mark.parametrize("name", ["patch", "flags", "get_hash", "to_dict"])
+def test_flag_named_like_a_method_is_rejected(make_config, name: str) -> None:
+    with pytest.raises(
+        ValueError, match=rf"\.{name}: a flag cannot be named like the config method"
+    ):
+        make_config(**{name: Flag(True)})

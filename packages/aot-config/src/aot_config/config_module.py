@@ -703,6 +703,11 @@ def install_config_module(
     flags: dict[str, Flag] = {}
     aliases: dict[str, str] = {}
     for name, flag in _iter_flags(module):
+        if hasattr(ConfigModule, name):
+            raise ValueError(
+                f"{module.__name__}.{name}: a flag cannot be named like the config method "
+                f"ConfigModule.{name}; pick another name"
+            )
         flag.name = name
         flag.owner = module.__name__
         flag.default = flag.check(flag.default)
