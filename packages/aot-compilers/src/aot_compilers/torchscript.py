@@ -67,6 +67,16 @@ def jit_autocast_disabled() -> Iterator[None]:
         set_mode(previous)
 
 
+@contextlib.contextmanager
+def _outside_tracing_modes() -> Iterator[None]:
+    """Leave the fake-tensor mode AOTAutograd keeps active while it calls compilers:
+    TorchScript's freeze folds constants with real ops, which fake tensors cannot answer."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
 def strip_overloads(gm: fx.GraphModule) -> fx.GraphModule:
     """Replace ``aten.op.overload`` targets by their packet ``aten.op`` (TorchScript needs that)."""
     for node in gm.graph.nodes:
@@ -129,7 +139,7 @@ def ts_compile(gm: fx.GraphModule, example_inputs: list[Any]) -> torch.jit.Scrip
     """
     for name in _REQUIRED_STEPS:
         _step(name)
-    with jit_autocast_disabled():
+    with _outside_tracing_modes(), jit_autocast_disabled():
         with _running("strip overloads"):
             strip_overloads(gm)
         with _running("canonicalize _to_copy"):
@@ -156,12 +166,13 @@ def ts_compile(gm: fx.GraphModule, example_inputs: list[Any]) -> torch.jit.Scrip
 @make_boxed_compiler
 def simple_ts_compile(gm: fx.GraphModule, example_inputs: list[Any]) -> torch.jit.ScriptModule:
     """Strip overloads, script and freeze ``gm``: TorchScript without the inference passes."""
-    with _running("strip overloads"):
-        strip_overloads(gm)
-    with _running("torch.jit.script"):
-        scripted = _step("torch.jit.script")(_eager_graph_module(gm))
-    with _running("torch.jit.freeze"):
-        return _step("torch.jit.freeze")(scripted.eval())
+    with _outside_tracing_modes():
+        with _running("strip overloads"):
+            strip_overloads(gm)
+        with _running("torch.jit.script"):
+            scripted = _step("torch.jit.script")(_eager_graph_module(gm))
+        with _running("torch.jit.freeze"):
+            return _step("torch.jit.freeze")(scripted.eval())
 
 
 def nnc_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
