@@ -23,10 +23,12 @@ class InfeasibleMinCutError(PartitionError):
     """Some value must reach the backward, yet can be neither saved nor recomputed."""
 
     def __init__(self, path: list[tuple[str, str]]) -> None:
-        # ``path``: (fx node name or "source"/"sink", why this step is infinite) in order.
+        # ``path``: one (fx node name or "sink", why this edge is infinite) per edge, from the
+        # source on; a node appears twice when both its in- and out-half are on the path.
         self.path = path
         steps = "\n".join(f"  {name}: {why}" for name, why in path)
-        chain = " -> ".join(name for name, _ in path)
+        names = ["source"] + [name for name, _ in path]
+        chain = " -> ".join(n for i, n in enumerate(names) if i == 0 or n != names[i - 1])
         super().__init__(
             "min-cut partitioning is infeasible: a value needed by the backward can be "
             "neither saved nor recomputed. Offending path of infinite-capacity edges:\n"

@@ -91,8 +91,7 @@ def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
         return float(sym_node_size(node)), ""
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
-        if ("val" not in node.meta and "tensor_meta" not in node.meta
-                and node.op == "call_function"):
+        if "val" not in node.meta and node.op == "call_function":
             node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
         if isinstance(val, BackwardState):
             return 0.0, ""

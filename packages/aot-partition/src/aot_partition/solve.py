@@ -45,7 +45,7 @@ def selected_solver() -> tuple[str, MinCutSolver]:
 
 def _raise_infeasible(built: BuiltNetwork, path_edges: list[int]) -> None:
     network = built.network
-    steps: list[tuple[str, str]] = [("source", "start")]
+    steps: list[tuple[str, str]] = []
     for e in path_edges:
         head = network.names[int(network.heads[e])]
         node_name = head.removesuffix("_in").removesuffix("_out")
