@@ -1,0 +1,183 @@
+"""Each ban heuristic, its flag, and the flags that switch groups of them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from aot_config import functorch as functorch_config
+from aot_partition import MinCutOptions, classify, default_op_types
+from aot_partition import policy as P
+from aot_partition.partitioners import min_cut_rematerialization_partition
+from torch.utils.checkpoint import CheckpointPolicy
+from zoo import assert_matches_eager, make_case
+
+aten = torch.ops.aten
+ALL_ON = MinCutOptions(True, True, True, True, True)
+
+
+def _context(joint, options=ALL_ON, max_dist_from_bw=1000, recompute_views=False):
+    info = classify(joint.module, joint.num_fwd_outputs)
+    return P.PolicyContext(default_op_types(), info, options, recompute_views, max_dist_from_bw)
+
+
+def _node(joint, packet, index=0):
+    return [n for n in joint.module.graph.nodes
+            if getattr(n.target, "overloadpacket", None) is packet][index]
+
+
+def _x(*shape):
+    return torch.randn(*shape, requires_grad=True)
+
+
+def test_reduction_is_banned_with_its_ratio(capture):
+    joint = capture(lambda x: (x.sum(-1, keepdim=True) * x).sin(), _x(4, 16))
+    total = _node(joint, aten.sum)
+    assert P.reduction(total, _context(joint)) == "reduction: output 16x smaller than inputs"
+    off = replace(ALL_ON, ban_if_reduction=False)
+    assert P.reduction(total, _context(joint, off)) is None
+    assert P.reduction(_node(joint, aten.mul), _context(joint)) is None
+
+
+def test_allowlist_then_op_categories(capture):
+    joint = capture(lambda x, w: torch.nn.functional.dropout(x @ w, 0.5).sin(),
+                    _x(4, 8), _x(8, 8))
+    mm, dropout = _node(joint, aten.mm), _node(joint, aten.native_dropout)
+    ctx = _context(joint)
+    assert P.not_in_allowlist(mm, ctx) == "not in allowlist: aten.mm is not a recomputable op"
+    assert P.ban_reason(dropout, ctx).startswith("not in allowlist: aten.native_dropout")
+    relaxed = _context(joint, replace(ALL_ON, ban_if_not_in_allowlist=False))
+    assert P.not_in_allowlist(mm, relaxed) is None
+    assert P.ban_reason(mm, relaxed) == "compute-intensive op: aten.mm"
+    assert P.ban_reason(dropout, relaxed).startswith("random op")
+    assert P.compute_intensive(mm, ctx) is None  # only consulted without the allowlist
+
+
+def test_materialized_in_backward(capture):
+    mlp = make_case("mlp")
+    joint = capture(mlp.module, *(t.clone().requires_grad_() for t in mlp.inputs))
+    gelu = _node(joint, aten.gelu)
+    reason = P.materialized_in_backward(gelu, _context(joint))
+    assert reason is not None and reason.startswith("materialized in backward: used unfused by mm")
+    off = replace(ALL_ON, ban_if_materialized_backward=False)
+    assert P.materialized_in_backward(gelu, _context(joint, off)) is None
+    # sin's only backward users are pointwise: fusible, so not materialized.
+    pointwise = capture(lambda x: x.sin().cos(), _x(4, 4))
+    assert P.materialized_in_backward(_node(pointwise, aten.sin), _context(pointwise)) is None
+
+
+def test_max_dist_from_bw(capture):
+    joint = capture(lambda x: x.sin().cos().exp().tanh(), _x(4, 4))
+    sin = _node(joint, aten.sin)
+    info_dist = _context(joint).node_info.dist_from_bw[sin]
+    assert info_dist >= 1
+    assert P.too_far_from_backward(sin, _context(joint, max_dist_from_bw=0)) == (
+        f"too far from backward: {info_dist} ops > max_dist_from_bw=0")
+    assert P.too_far_from_backward(sin, _context(joint)) is None
+
+
+def _record_bans():
+    bans: dict[str, str] = {}
+
+    def ban(node, reason):
+        bans[node.name] = reason
+        return True
+    return bans, ban
+
+
+def test_used_far_apart(capture):
+    def fn(x, w):
+        a = x.sin()
+        b = (a @ w).relu() * 2
+        return a.cos() + b
+
+    joint = capture(fn, _x(4, 4), _x(4, 4))
+    bans, ban = _record_bans()
+    P.ban_used_far_apart(_context(joint), set(), ban)
+    cos, sin = _node(joint, aten.cos), _node(joint, aten.sin)
+    assert bans == {cos.name: f"used far apart: {sin.name} is used before and after an "
+                               "unfusible op"}
+    bans.clear()
+    P.ban_used_far_apart(_context(joint, replace(ALL_ON, ban_if_used_far_apart=False)), set(),
+                         ban)
+    assert bans == {}
+
+
+def test_long_fusible_chains(capture):
+    def fn(x):
+        for _ in range(110):
+            x = x + 1.0
+        return x.sin()
+
+    joint = capture(fn, _x(4))
+    bans, ban = _record_bans()
+    P.ban_long_fusible_chains(_context(joint), set(), ban)
+    first_add = _node(joint, aten.add)
+    assert list(bans.values()) == [f"long fusible chain: 101 fusible ops from {first_add.name}"]
+    bans.clear()
+    P.ban_long_fusible_chains(_context(joint, replace(ALL_ON, ban_if_long_fusible_chains=False)),
+                              set(), ban)
+    assert bans == {}
+
+
+def test_annotations_and_exemptions(capture):
+    joint = capture(lambda x: x.sin().cos(), _x(4, 4))
+    sin = _node(joint, aten.sin)
+    ctx = _context(joint)
+    assert P.ban_reason(sin, ctx) is None
+    sin.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    assert P.ban_reason(sin, ctx) == "MUST_SAVE annotation"
+    sin.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    assert not P.can_be_banned(sin, ctx, set())
+    del sin.meta["recompute"]
+    assert P.can_be_banned(sin, ctx, set()) and not P.can_be_banned(sin, ctx, {sin})
+
+
+def test_options_from_flags_and_aggressive_recomputation():
+    assert MinCutOptions.from_flags() == ALL_ON
+    with functorch_config.patch(ban_recompute_reductions=False):
+        assert MinCutOptions.from_flags() == replace(ALL_ON, ban_if_reduction=False)
+    with functorch_config.patch(aggressive_recomputation=True):
+        assert MinCutOptions.from_flags() == MinCutOptions(False, False, False, False, True)
+
+
+def test_recompute_views_never_saves_views(capture, aot_with):
+    case = make_case("views")
+    joint = capture(case.module, *(t.clone().requires_grad_() for t in case.inputs))
+    ops = default_op_types()
+    with functorch_config.patch(recompute_views=True):
+        fw, _ = min_cut_rematerialization_partition(joint.fresh(), joint.inputs,
+                                                    num_fwd_outputs=joint.num_fwd_outputs)
+        assert_matches_eager(case, aot_with(min_cut_rematerialization_partition))
+    saved = next(iter(fw.graph.find_nodes(op="output"))).args[0][joint.num_fwd_outputs:]
+    assert saved and not any(ops.is_view(n) for n in saved)
+
+
+def test_debug_partitioner_prints_banned_ops(capture, capsys):
+    joint = capture(lambda x, w: (x @ w).sin(), _x(4, 4), _x(4, 4))
+    with functorch_config.patch(debug_partitioner=True):
+        min_cut_rematerialization_partition(joint.fresh(), joint.inputs,
+                                            num_fwd_outputs=joint.num_fwd_outputs)
+    out = capsys.readouterr().out
+    assert "Ops banned from rematerialization:" in out and "aten.mm" in out
+    assert "Theoretical Activations Stored:" in out
+
+
+@pytest.mark.parametrize("flag", ["ban_recompute_not_in_allowlist", "ban_recompute_reductions"])
+def test_partitioner_reads_our_flags_not_torchs(flag, capture):
+    """torch's own config is ignored: only aot_config.functorch moves the decision."""
+    case = make_case("views")
+    joint = capture(case.module, *(t.clone().requires_grad_() for t in case.inputs))
+
+    def saved_names():
+        fw, _ = min_cut_rematerialization_partition(joint.fresh(), joint.inputs,
+                                                    num_fwd_outputs=joint.num_fwd_outputs)
+        outs = next(iter(fw.graph.find_nodes(op="output"))).args[0]
+        return [n.name for n in outs[joint.num_fwd_outputs:]]
+
+    baseline = saved_names()
+    with torch._functorch.config.patch(**{flag: False}):
+        assert saved_names() == baseline
+    with functorch_config.patch(aggressive_recomputation=True, ban_recompute_reductions=False):
+        assert saved_names() != baseline
