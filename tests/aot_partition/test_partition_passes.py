@@ -1,0 +1,112 @@
+"""Passes around partitioning (CSE, DCE, backward reordering) and node classification."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from aot_partition import classify
+from aot_partition.classify import FAR_FROM_BACKWARD, is_tangent
+from aot_partition.passes import (
+    eliminate_common_subexpressions,
+    eliminate_dead_code,
+    reorder_backward,
+)
+from torch.utils.checkpoint import CheckpointPolicy
+
+aten = torch.ops.aten
+
+
+def _count(module, packet):
+    return sum(getattr(n.target, "overloadpacket", None) is packet for n in module.graph.nodes)
+
+
+def _x(*shape):
+    return torch.randn(*shape, requires_grad=True)
+
+
+def test_cse_merges_equal_pure_ops(capture):
+    joint = capture(lambda x: x.sin() * x.sin(), _x(4))
+    module = joint.fresh()
+    assert _count(module, aten.sin) >= 2
+    eliminate_common_subexpressions(module)
+    assert _count(module, aten.sin) == 1
+    x = torch.randn(4)
+    tangent = torch.ones(4)
+    torch.testing.assert_close(module(x, tangent)[0], joint.module(x, tangent)[0])
+
+
+def test_cse_keeps_random_ops_and_different_annotations(capture):
+    joint = capture(lambda x: torch.nn.functional.dropout(x, 0.5)
+                    + torch.nn.functional.dropout(x, 0.5), _x(8))
+    module = joint.fresh()
+    before = _count(module, aten.native_dropout)
+    eliminate_common_subexpressions(module)
+    assert before == 2 and _count(module, aten.native_dropout) == 2
+
+    joint = capture(lambda x: x.sin() * x.sin(), _x(4))
+    module = joint.fresh()
+    first_sin = next(n for n in module.graph.nodes if n.target is aten.sin.default)
+    first_sin.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    eliminate_common_subexpressions(module)
+    assert _count(module, aten.sin) >= 2
+
+
+def test_dce_drops_unused_nodes(capture):
+    joint = capture(lambda x: x.sin(), _x(4))
+    module = joint.fresh()
+    placeholder = next(iter(module.graph.find_nodes(op="placeholder")))
+    with module.graph.inserting_after(placeholder):
+        module.graph.call_function(aten.cos.default, (placeholder,))
+    assert _count(module, aten.cos) == 2  # backward of sin uses cos too
+    eliminate_dead_code(module)
+    assert _count(module, aten.cos) == 1
+
+
+def test_reorder_backward_brings_recomputation_next_to_its_use():
+    def backward(saved, tangents_1):
+        recomputed_a = torch.sin(saved)
+        recomputed_b = torch.cos(saved)
+        grad = tangents_1 * recomputed_a
+        return grad * recomputed_b
+
+    module = fx.symbolic_trace(backward)
+    reordered = reorder_backward(module)
+    order = [n.name for n in reordered.graph.nodes if n.op == "call_function"]
+    assert order == ["sin", "mul", "cos", "mul_1"]
+    saved, tangent = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(reordered(saved, tangent), backward(saved, tangent))
+
+
+def test_reorder_backward_without_tangent_users_is_identity():
+    module = fx.symbolic_trace(lambda saved, tangents_1: torch.sin(saved))
+    assert reorder_backward(module) is module
+
+
+def test_classify_zones_order_and_distances(capture):
+    joint = capture(lambda x, w: (x @ w).relu(), _x(4, 8), _x(8, 8))
+    info = classify(joint.module, joint.num_fwd_outputs)
+    by_name = {n.name: n for n in joint.module.graph.nodes}
+    mm = next(n for n in by_name.values() if n.target is aten.mm.default)
+    relu = next(n for n in by_name.values() if n.target is aten.relu.default)
+    tangent = next(n for n in by_name.values() if is_tangent(n))
+    primals = [n for n in by_name.values() if n.op == "placeholder" and not is_tangent(n)]
+    assert info.inputs == primals
+    assert {mm, relu, *primals} <= info.required_fw
+    assert tangent in info.required_bw and tangent in info.tangents_closure
+    assert not info.required_fw & info.required_bw
+    assert info.required_fw_nodes == sorted(info.required_fw, key=info.get_fw_order)
+    assert [info.get_fw_order(n) for n in info.required_fw_nodes] == list(
+        range(len(info.required_fw)))
+    assert info.dist_from_bw[relu] == 1  # its backward user reads it directly
+    assert info.dist_from_bw[tangent] == 0
+    assert all(info.dist_from_bw[n] < FAR_FROM_BACKWARD for n in (mm, relu))
+    assert set(by_name.values()) == info.required_fw | info.required_bw | info.unclaimed
+    with pytest.raises(KeyError, match=f"'{tangent.name}' is not a required forward node"):
+        info.get_fw_order(tangent)
+
+
+def test_classify_static_lifetime_inputs(capture):
+    joint = capture(lambda x, w: (x @ w).relu(), _x(4, 8), _x(8, 8))
+    info = classify(joint.module, joint.num_fwd_outputs, static_lifetime_input_indices=[1])
+    assert [n.name for n in info.static_lifetime_inputs] == [info.inputs[1].name]
