@@ -1,0 +1,238 @@
+"""The activation-memory budget: save at most ``budget`` of the runtime-optimal activations.
+
+The budget is a fraction between the inputs-only cut (0.0: save nothing but the inputs) and the
+runtime-optimal min cut (1.0). The search follows seed 004's ``choose_saved_values_set``:
+
+1. the runtime-optimal cut; done if the budget is 1.0;
+2. a cut with the distance/fusion/materialization bans lifted; done if it fits;
+3. a cut with the allowlist ban lifted too (fully aggressive); done if it fits;
+4. otherwise a knapsack over the nodes that stayed banned: those the solver chooses to keep
+   saved stay banned, the rest are released, and a final cut is taken.
+
+The knapsack solver is the flag ``activation_memory_budget_solver``: "greedy", "dp", "ilp"
+(see knapsack.py), "dp_graph" (the DP, then a check that accounts for what recomputing needs;
+see graph_aware_knapsack) or "ilp_graph" (the whole save-or-recompute problem as one MILP; see
+ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import CheckpointPolicy
+
+from .classify import NodeInfo
+from .estimators import RUNTIME_ESTIMATORS, estimate_runtime
+from .flags import read_flag
+from .knapsack import KnapsackResult, dp_knapsack, greedy_knapsack, ilp_knapsack
+from .policy import MinCutOptions
+from .sizes import node_nbytes
+from .solve import solve_min_cut
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BUDGET_SOLVERS",
+    "BudgetSearch",
+    "choose_saved_values_set",
+    "validate_memory_budget",
+]
+
+BUDGET_SOLVERS = ("dp", "dp_graph", "greedy", "ilp", "ilp_graph")
+# Extra min-cut solves the "dp_graph" solver may spend repairing an over-budget answer.
+DP_GRAPH_MAX_REPAIRS = 12
+_KNAPSACKS: dict[str, Callable[..., KnapsackResult]] = {
+    "dp": dp_knapsack,
+    "greedy": greedy_knapsack,
+    "ilp": ilp_knapsack,
+}
+
+
+def validate_memory_budget(memory_budget: float) -> float:
+    if not isinstance(memory_budget, (int, float)) or not 0 <= memory_budget <= 1:
+        raise ValueError(f"activation memory budget must be between 0 and 1 (0 = save only the "
+                         f"inputs, 1 = runtime-optimal); got {memory_budget!r}")
+    return float(memory_budget)
+
+
+def _budget_solver(name: str | None) -> str:
+    name = name if name is not None else str(read_flag("activation_memory_budget_solver"))
+    if name not in BUDGET_SOLVERS:
+        raise ValueError(f"Unknown memory-budget solver {name!r}; valid: "
+                         f"{', '.join(BUDGET_SOLVERS)} (flag activation_memory_budget_solver)")
+    return name
+
+
+def _storage_key(node: fx.Node) -> object:
+    """The storage a node's tensor lives in (views of an input share it), else None."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not torch._C._has_storage(val):
+        return None
+    return StorageWeakRef(val.untyped_storage())
+
+
+def _activation_bytes(nodes: list[fx.Node]) -> int:
+    return sum(node_nbytes(n) for n in nodes)
+
+
+@dataclass
+class BudgetSearch:
+    """Everything the budget search computes once per joint graph; ``saved_values(b)`` per budget.
+
+    Build it with ``BudgetSearch.prepare``; a Pareto sweep calls ``saved_values`` many times.
+    """
+
+    joint_graph: fx.Graph
+    node_info: NodeInfo
+    solver: str
+    estimator: str
+    options: MinCutOptions
+    runtime_optimal: list[fx.Node]
+    min_bytes: int = 0
+    max_bytes: int = 0
+    # Filled in by the escalation steps (empty when an earlier step already fits).
+    more_aggressive: list[fx.Node] = field(default_factory=list)
+    aggressive_options: MinCutOptions | None = None
+    aggressive: list[fx.Node] = field(default_factory=list)
+    aggressive_banned: list[fx.Node] = field(default_factory=list)
+    candidates: list[fx.Node] = field(default_factory=list)  # recomputable banned, big first
+    must_save: list[fx.Node] = field(default_factory=list)
+    memories: list[float] = field(default_factory=list)      # normalized to the budget range
+    runtimes: list[float] = field(default_factory=list)
+
+    @classmethod
+    def prepare(cls, joint_graph: fx.Graph, node_info: NodeInfo, *, solver: str | None = None,
+                estimator: str | None = None) -> BudgetSearch:
+        solver = _budget_solver(solver)
+        if estimator is None:
+            estimator = str(read_flag("activation_memory_budget_runtime_estimator"))
+        if estimator not in RUNTIME_ESTIMATORS:
+            raise ValueError(f"Unknown runtime estimator {estimator!r}; valid: "
+                             f"{', '.join(RUNTIME_ESTIMATORS)} "
+                             "(flag activation_memory_budget_runtime_estimator)")
+        options = MinCutOptions.from_flags()
+        runtime_optimal, _ = solve_min_cut(joint_graph, node_info, options)
+        search = cls(joint_graph, node_info, solver, estimator, options, runtime_optimal)
+        search.min_bytes = _activation_bytes(node_info.inputs)
+        search.max_bytes = _activation_bytes(runtime_optimal)
+        return search
+
+    @property
+    def has_range(self) -> bool:
+        """False when the runtime-optimal cut is no bigger than the inputs: nothing to trade."""
+        return self.max_bytes > self.min_bytes
+
+    def memory_ratio(self, saved: list[fx.Node]) -> float:
+        """Where ``saved`` sits between inputs-only (0.0) and runtime-optimal (1.0)."""
+        if not self.has_range:
+            return 0.0
+        return (_activation_bytes(saved) - self.min_bytes) / (self.max_bytes - self.min_bytes)
+
+    def _escalate(self) -> None:
+        if self.aggressive_options is not None:
+            return
+        more_options = replace(self.options, ban_if_used_far_apart=False,
+                               ban_if_long_fusible_chains=False,
+                               ban_if_materialized_backward=False)
+        self.more_aggressive, _ = solve_min_cut(self.joint_graph, self.node_info, more_options)
+        self.aggressive_options = replace(more_options, ban_if_not_in_allowlist=False)
+        self.aggressive, self.aggressive_banned = solve_min_cut(
+            self.joint_graph, self.node_info, self.aggressive_options)
+        self._collect_candidates(self.aggressive_banned)
+
+    def _collect_candidates(self, banned: list[fx.Node]) -> None:
+        input_storages = {_storage_key(n) for n in self.node_info.inputs}
+        dist = self.node_info.dist_from_bw
+        recomputable = [n for n in banned
+                        if dist.get(n, math.inf) < int(1e9)
+                        and _storage_key(n) not in input_storages]
+        self.must_save = [n for n in recomputable
+                          if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE]
+        must_save = set(self.must_save)
+        # Biggest first, stable in graph order: the same item order torch's knapsack sees.
+        self.candidates = sorted((n for n in recomputable if n not in must_save),
+                                 key=node_nbytes, reverse=True)
+        span = self.max_bytes - self.min_bytes
+        self.memories = [node_nbytes(n) / span for n in self.candidates]
+        self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
+
+    def knapsack(self, memory_budget: float) -> KnapsackResult:
+        """(kept runtime, saved indices, recompute indices) over ``candidates``."""
+        if self.solver == "dp_graph":
+            return graph_aware_knapsack(self, memory_budget)
+        return _KNAPSACKS[self.solver](self.memories, self.runtimes, max(memory_budget, 0.0))
+
+    def _all_runtimes(self) -> list[float]:
+        self._escalate()
+        return self.runtimes
+
+    def saved_values(self, memory_budget: float) -> tuple[list[fx.Node], float]:
+        """(saved values, estimated recompute runtime of released banned nodes) at a budget."""
+        memory_budget = validate_memory_budget(memory_budget)
+        if not self.has_range:  # the optimal cut is already no bigger than the inputs
+            return list(self.runtime_optimal), 0.0
+        if memory_budget == 0:
+            return list(self.node_info.inputs), float(sum(self._all_runtimes()))
+        if memory_budget == 1:
+            return list(self.runtime_optimal), 0.0
+        self._escalate()
+        if self.solver == "ilp_graph":  # exact: no shortcuts through the escalation cuts
+            from .ilp_graph import ilp_graph_saved_values
+
+            return ilp_graph_saved_values(self, memory_budget)
+        if self.memory_ratio(self.more_aggressive) < memory_budget:
+            return list(self.more_aggressive), 0.0
+        if self.memory_ratio(self.aggressive) < memory_budget:
+            return list(self.aggressive), 0.0
+        if not self.candidates:
+            return list(self.node_info.inputs) + self.must_save, 0.0
+        kept_runtime, _, recompute_idx = self.knapsack(memory_budget)
+        dont_ban = {self.candidates[i] for i in recompute_idx}
+        assert self.aggressive_options is not None
+        saved, _ = solve_min_cut(self.joint_graph, self.node_info, self.aggressive_options,
+                                 dont_ban)
+        return saved, float(sum(self.runtimes)) - kept_runtime
+
+
+def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> KnapsackResult:
+    """The "dp_graph" solver: the DP knapsack, then repair what it ignores.
+
+    Releasing a banned node lets the final cut recompute it, but recomputing it needs its own
+    inputs in the backward, so the final cut may save other (cheaper to keep) values instead
+    and overshoot the budget. While the final cut is over budget, the kept node with the least
+    runtime per byte is released too (at most ``DP_GRAPH_MAX_REPAIRS`` extra cuts).
+    """
+    kept_runtime, saved_idx, recompute_idx = dp_knapsack(search.memories, search.runtimes,
+                                                         max(memory_budget, 0.0))
+    assert search.aggressive_options is not None
+    order = sorted(saved_idx, key=lambda i: search.runtimes[i] / max(search.memories[i], 1e-12))
+    released = set(recompute_idx)
+    for _ in range(DP_GRAPH_MAX_REPAIRS + 1):
+        dont_ban = {search.candidates[i] for i in released}
+        saved, _ = solve_min_cut(search.joint_graph, search.node_info,
+                                 search.aggressive_options, dont_ban)
+        if search.memory_ratio(saved) <= memory_budget or not order:
+            break
+        released.add(order.pop(0))
+    kept = sorted(set(range(len(search.candidates))) - released)
+    runtime = float(sum(search.runtimes[i] for i in kept))
+    return runtime, kept, sorted(released)
+
+
+def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
+                            memory_budget: float) -> list[fx.Node]:
+    """The values to save under ``memory_budget`` (0.0 to 1.0; see module doc)."""
+    memory_budget = validate_memory_budget(memory_budget)
+    search = BudgetSearch.prepare(joint_graph, node_info)
+    if memory_budget == 0:  # skip the escalation cuts: only the inputs-vs-optimal size matters
+        return list(node_info.inputs if search.has_range else search.runtime_optimal)
+    saved, runtime = search.saved_values(memory_budget)
+    log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
+             memory_budget, search.solver, search.memory_ratio(saved), runtime)
+    return saved

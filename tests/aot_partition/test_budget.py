@@ -1,0 +1,146 @@
+"""Activation-memory budget: eager-equal at every budget and solver, monotone, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from aot_config import functorch as functorch_config
+from aot_partition import min_cut_rematerialization_partition
+from aot_partition.budget import BUDGET_SOLVERS, BudgetSearch, choose_saved_values_set
+from aot_partition.classify import classify
+from aot_partition.partitioners import partition_with_report
+from aot_partition.sizes import saved_activation_bytes
+from torch._functorch import config as torch_config
+from torch._functorch.partitioners import (
+    min_cut_rematerialization_partition as torch_min_cut_partition,
+)
+from zoo import ZOO, assert_matches_eager, make_case
+
+# Batch norm reads its running stats, which the runtime updates in place after the forward.
+# Recomputing it in the backward (allowed once the allowlist ban is lifted) trips autograd's
+# version check; torch's partitioner fails the same way (see test_convnet_below_budget_one).
+RECOMPUTE_READS_MUTATED_BUFFER = {"convnet"}
+
+
+def budget_cases():
+    for name in ZOO:
+        yield pytest.param(name, 1.0, "dp", id=f"{name}-1.0")
+        yield pytest.param(name, 0.0, "dp", id=f"{name}-0.0", marks=_known_failure(name))
+        # Every solver on the transformer stacks (where the knapsack runs); dp elsewhere.
+        for solver in BUDGET_SOLVERS if name in ("gpt", "llama") else ("dp",):
+            yield pytest.param(name, 0.5, solver, id=f"{name}-0.5-{solver}",
+                               marks=_known_failure(name))
+
+
+def _known_failure(name):
+    if name in RECOMPUTE_READS_MUTATED_BUFFER:
+        return pytest.mark.xfail(strict=True, raises=RuntimeError,
+                                 reason="recomputed batch norm reads in-place-updated stats")
+    return ()
+
+
+@pytest.mark.parametrize(("name", "budget", "solver"), budget_cases())
+def test_zoo_matches_eager_under_budget(name, budget, solver, aot_with):
+    with functorch_config.patch(activation_memory_budget=budget,
+                                activation_memory_budget_solver=solver):
+        assert_matches_eager(make_case(name), aot_with(min_cut_rematerialization_partition))
+
+
+def test_convnet_below_budget_one_fails_in_torch_too(aot_with):
+    with torch_config.patch(activation_memory_budget=0.5), pytest.raises(
+            RuntimeError, match="modified by an inplace operation"):
+        assert_matches_eager(make_case("convnet"), aot_with(torch_min_cut_partition))
+
+
+def saved_bytes(joint, budget, solver="dp"):
+    with functorch_config.patch(activation_memory_budget_solver=solver):
+        fw, _, _ = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
+                                         memory_budget=budget)
+    return saved_activation_bytes(fw, joint.num_fwd_outputs)
+
+
+def torch_saved_bytes(joint, budget):
+    with torch_config.patch(activation_memory_budget=budget):
+        fw, _ = torch_min_cut_partition(joint.fresh(), joint.inputs,
+                                        num_fwd_outputs=joint.num_fwd_outputs)
+    return saved_activation_bytes(fw, joint.num_fwd_outputs)
+
+
+def joint_of(name, capture):
+    case = make_case(name)
+    return capture(case.module, *case.inputs)
+
+
+@pytest.mark.parametrize(("name", "solver"), [("mlp", "dp"), ("views", "dp"), ("llama", "dp"),
+                                             ("gpt", "dp"), ("gpt", "greedy"),
+                                             ("gpt", "dp_graph"), ("gpt", "ilp_graph")])
+def test_saved_bytes_never_grow_as_budget_falls(name, solver, capture):
+    joint = joint_of(name, capture)
+    sizes = [saved_bytes(joint, b, solver) for b in (1.0, 0.7, 0.3, 0.0)]
+    assert sizes == sorted(sizes, reverse=True), sizes
+    if name in ("gpt", "llama"):  # deep enough that there is something to recompute
+        assert sizes[-1] < sizes[0]
+
+
+def test_dp_budget_saves_no_more_than_torch(capture):
+    joint = joint_of("gpt", capture)
+    for budget in (1.0, 0.5, 0.2):
+        assert saved_bytes(joint, budget) <= torch_saved_bytes(joint, budget), budget
+
+
+def test_budget_zero_saves_only_inputs(capture):
+    joint = joint_of("gpt", capture)
+    module = joint.fresh()
+    info = classify(module, joint.num_fwd_outputs)
+    assert choose_saved_values_set(module.graph, info, 0.0) == info.inputs
+
+
+def test_search_reports_memory_ratio_within_budget(capture):
+    joint = joint_of("gpt", capture)
+    module = joint.fresh()
+    info = classify(module, joint.num_fwd_outputs)
+    search = BudgetSearch.prepare(module.graph, info, solver="dp", estimator="flops")
+    assert search.memory_ratio(search.runtime_optimal) == 1.0
+    assert search.memory_ratio(info.inputs) == 0.0
+    ratios = [search.memory_ratio(search.saved_values(b)[0]) for b in (0.9, 0.5, 0.1)]
+    assert ratios == sorted(ratios, reverse=True)
+    assert ratios[-1] < 1.0
+
+
+@pytest.mark.parametrize("budget", [1.5, -0.1])
+def test_budget_outside_unit_interval_names_the_value(budget, capture):
+    joint = joint_of("mlp", capture)
+    module = joint.fresh()
+    info = classify(module, joint.num_fwd_outputs)
+    with pytest.raises(ValueError, match=f"between 0 and 1.*got {budget}"):
+        choose_saved_values_set(module.graph, info, budget)
+    with pytest.raises(ValueError, match=f"got {budget}"):
+        partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
+                              memory_budget=budget)
+
+
+def test_unknown_solver_and_estimator_list_valid_ones(capture):
+    joint = joint_of("mlp", capture)
+    module = joint.fresh()
+    info = classify(module, joint.num_fwd_outputs)
+    with pytest.raises(ValueError, match="Unknown memory-budget solver 'magic'; valid: dp, "
+                                         "dp_graph, greedy, ilp, ilp_graph"):
+        BudgetSearch.prepare(module.graph, info, solver="magic")
+    with pytest.raises(ValueError, match="Unknown runtime estimator 'guess'; valid: flops"):
+        BudgetSearch.prepare(module.graph, info, solver="dp", estimator="guess")
+
+
+def test_testing_estimator_changes_nothing_at_full_budget(capture):
+    joint = joint_of("gpt", capture)
+    with functorch_config.patch(activation_memory_budget_runtime_estimator="testing"):
+        assert saved_bytes(joint, 1.0) == torch_saved_bytes(joint, 1.0)
+        assert saved_bytes(joint, 0.3) <= saved_bytes(joint, 1.0)
+
+
+def test_torch_config_is_ignored(capture):
+    joint = joint_of("gpt", capture)
+    full = saved_bytes(joint, None)
+    with torch_config.patch(activation_memory_budget=0.1):
+        assert saved_bytes(joint, None) == full
+    assert isinstance(full, int) and full > 0
+    assert torch.is_tensor(torch.zeros(1))
