@@ -71,16 +71,19 @@ def _dummy() -> torch.Tensor:
 
 def call_compiler_fn(compiler_fn: Callable[..., Any], graph: GraphModule) -> Any:
     """``compiler_fn(graph)``, or ``compiler_fn(graph, [])`` for AOT-style two-argument compilers
-    (e.g. ``aot_compilers.nop``): a backward graph has no example inputs to offer."""
+    (e.g. ``aot_compilers.nop``): a backward graph has no example inputs to offer. A boxed
+    result (``_boxed_call = True``) is called with one list of the five graph arguments."""
     try:
         params = inspect.signature(compiler_fn).parameters.values()
         required = [p for p in params if p.default is inspect.Parameter.empty
                     and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         required = []
-    if len(required) >= 2:
-        return compiler_fn(graph, [])
-    return compiler_fn(graph)
+    compiled = compiler_fn(graph, []) if len(required) >= 2 else compiler_fn(graph)
+    if getattr(compiled, "_boxed_call", False):
+        # AOT "boxed" convention: one list of arguments instead of five positional ones
+        return lambda *args: compiled(list(args))
+    return compiled
 
 
 class AutogradCompilerInstance:
@@ -475,7 +478,7 @@ class AutogradCompilerInstance:
             return call_compiler_fn(self.compiler_fn, module)
         except Exception as error:
             name = getattr(self.compiler_fn, "__name__", type(self.compiler_fn).__name__)
-            calls = len(module.graph.find_nodes(op="call_function"))
+            calls = sum(1 for n in module.graph.nodes if n.op == "call_function")
             raise CompilerFnError(
                 f"compiler_fn {name!r} failed on compiled-autograd graph {module._get_name()} "
                 f"({calls} calls): {type(error).__name__}: {error}") from error
