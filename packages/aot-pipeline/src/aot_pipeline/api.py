@@ -65,6 +65,10 @@ class CompiledModel:
             loss.backward()
 
     def _backward_compiler(self, graph: torch.fx.GraphModule) -> Callable[..., Any]:
+        """compiled autograd's ``compiler_fn`` for the whole captured backward graph."""
+        if self.options.compiler != "inductor":
+            # Our graph compilers would run the captured graph as traced: skip the detour.
+            return graph
         # The captured backward has no grad to take: the same back end compiles it for inference.
         return torch.compile(graph, backend=make_backend(self.options), fullgraph=True,
                              dynamic=self._dynamic)

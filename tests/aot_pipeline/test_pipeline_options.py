@@ -1,0 +1,95 @@
+"""Argument validation of compile(), the back end's options and PipelineOptions."""
+
+from __future__ import annotations
+
+import math
+
+import aot_pipeline
+import pytest
+import torch
+from aot_pipeline import COMPILERS, SOLVERS, PipelineOptionError, PipelineOptions
+from aot_pipeline.backend import aot_pipeline_backend, default_options
+from torch import nn
+
+
+@pytest.mark.parametrize("budget", [1.5, -0.1, math.nan, math.inf])
+def test_budget_outside_unit_interval_is_refused(budget):
+    with pytest.raises(PipelineOptionError, match=r"memory_budget must be in \[0, 1\]"):
+        aot_pipeline.compile(nn.Linear(2, 2), memory_budget=budget)
+
+
+@pytest.mark.parametrize("budget", ["0.5", None, True])
+def test_budget_that_is_not_a_number_is_refused(budget):
+    with pytest.raises(PipelineOptionError, match="memory_budget must be a number"):
+        aot_pipeline.compile(nn.Linear(2, 2), memory_budget=budget)
+
+
+@pytest.mark.parametrize("budget", [0, 0.0, 0.25, 1])
+def test_budget_inside_unit_interval_is_accepted(budget):
+    compiled = aot_pipeline.compile(nn.Linear(2, 2), memory_budget=budget)
+    assert compiled.options.memory_budget == budget
+
+
+def test_unknown_solver_lists_the_valid_ones():
+    with pytest.raises(PipelineOptionError, match="unknown solver 'knap'; choose one of " +
+                       ", ".join(SOLVERS)):
+        aot_pipeline.compile(nn.Linear(2, 2), solver="knap")
+
+
+def test_unknown_compiler_lists_the_valid_ones():
+    with pytest.raises(PipelineOptionError,
+                       match="unknown compiler 'tvm'; choose one of " + ", ".join(COMPILERS)):
+        aot_pipeline.compile(nn.Linear(2, 2), compiler="tvm")
+
+
+def test_option_errors_are_value_errors():
+    assert issubclass(PipelineOptionError, ValueError)
+
+
+def test_compiled_autograd_must_be_a_bool():
+    with pytest.raises(PipelineOptionError, match="compiled_autograd must be True or False"):
+        aot_pipeline.compile(nn.Linear(2, 2), compiled_autograd="yes")
+
+
+def test_model_must_be_callable():
+    with pytest.raises(TypeError, match="needs an nn.Module or a callable, got int"):
+        aot_pipeline.compile(3)
+
+
+def test_dynamic_must_be_none_or_bool():
+    with pytest.raises(TypeError, match="dynamic must be None, True or False"):
+        aot_pipeline.compile(nn.Linear(2, 2), dynamic="auto")
+
+
+def test_backend_options_unknown_key_names_the_valid_ones():
+    model = torch.compile(nn.Linear(2, 2), backend="aot_pipeline", options={"budget": 0.5})
+    with pytest.raises(Exception, match="unknown aot_pipeline option.*'budget'.*valid options "
+                       "are compiled_autograd, compiler, memory_budget, solver"):
+        model(torch.randn(1, 2))
+
+
+def test_backend_options_are_validated():
+    model = torch.compile(nn.Linear(2, 2), backend="aot_pipeline",
+                          options={"memory_budget": 2.0, "compiler": "nop"})
+    with pytest.raises(Exception, match=r"memory_budget must be in \[0, 1\]"):
+        model(torch.randn(1, 2))
+
+
+def test_backend_refuses_compiled_autograd_option():
+    gm = torch.fx.symbolic_trace(nn.Linear(2, 2))
+    with pytest.raises(PipelineOptionError, match="use aot_pipeline.compile"):
+        aot_pipeline_backend(gm, [torch.randn(1, 2)], options={"compiled_autograd": True})
+
+
+def test_defaults_come_from_our_functorch_flags():
+    from aot_config import functorch as flags
+
+    with flags.patch(activation_memory_budget=0.3, activation_memory_budget_solver="greedy"):
+        assert default_options() == PipelineOptions(memory_budget=0.3, solver="greedy")
+    assert default_options().memory_budget == flags.activation_memory_budget
+
+
+def test_from_mapping_overrides_only_what_is_given():
+    base = PipelineOptions(memory_budget=0.2, solver="greedy")
+    merged = PipelineOptions.from_mapping({"compiler": "nop"}, base)
+    assert merged == PipelineOptions(memory_budget=0.2, solver="greedy", compiler="nop")
