@@ -233,6 +233,10 @@ def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
     if memory_budget == 0:  # skip the escalation cuts: only the inputs-vs-optimal size matters
         return list(node_info.inputs if search.has_range else search.runtime_optimal)
     saved, runtime = search.saved_values(memory_budget)
+    if read_flag("visualize_memory_budget_pareto"):
+        from .pareto import sweep, write_pareto_png
+
+        write_pareto_png(sweep(search), search.solver)
     log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
              memory_budget, search.solver, search.memory_ratio(saved), runtime)
     return saved

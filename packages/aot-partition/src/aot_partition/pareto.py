@@ -1,0 +1,84 @@
+"""The memory-budget Pareto sweep: (budget, recompute runtime, memory ratio) for many budgets.
+
+One ``BudgetSearch`` is prepared per joint graph (the runtime-optimal and aggressive cuts, the
+knapsack items and their runtime estimates), then every budget costs one knapsack and one cut.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx as fx
+
+from .budget import BudgetSearch, validate_memory_budget
+from .classify import classify
+from .draw import plot_pareto
+from .flags import read_flag
+from .passes import (
+    cleanup_recompute_tags,
+    eliminate_common_subexpressions,
+    eliminate_dead_code,
+    has_recomputable_ops,
+)
+from .sizes import node_nbytes
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_BUDGETS", "ParetoPoint", "memory_budget_pareto", "sweep", "plot_pareto"]
+
+DEFAULT_BUDGETS = tuple(b / 100 for b in range(100, -1, -5))
+_figure_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class ParetoPoint:
+    budget: float              # the requested activation memory budget
+    recompute_runtime: float   # estimated runtime of the released (recomputed) banned nodes
+    memory_ratio: float        # saved bytes: 0 = inputs only, 1 = runtime-optimal cut
+    saved_bytes: int           # bytes of the saved values (inputs included)
+    num_saved: int
+
+
+def sweep(search: BudgetSearch, budgets: Sequence[float] = DEFAULT_BUDGETS) -> list[ParetoPoint]:
+    """A ParetoPoint for each budget, using an already prepared search."""
+    points = []
+    for budget in budgets:
+        saved, runtime = search.saved_values(validate_memory_budget(budget))
+        points.append(ParetoPoint(float(budget), runtime, search.memory_ratio(saved),
+                                  sum(node_nbytes(n) for n in saved), len(saved)))
+    return points
+
+
+def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None, *,
+                         num_fwd_outputs: int, budgets: Sequence[float] | None = None,
+                         solver: str | None = None) -> list[ParetoPoint]:
+    """Sweep ``budgets`` (default 1.0 down to 0.0 by 0.05) on a copy of ``joint_module``.
+
+    The joint graph is cleaned like the partitioner does (DCE, CSE, recompute tags) first. With
+    the flag ``visualize_memory_budget_pareto`` on, the front is also written as a PNG.
+    """
+    del joint_inputs  # accepted for the partition_fn-like signature; shapes come from meta
+    module = copy.deepcopy(joint_module)
+    eliminate_dead_code(module)
+    if read_flag("cse"):
+        eliminate_common_subexpressions(module)
+    if has_recomputable_ops(module):
+        cleanup_recompute_tags(module)
+    info = classify(module, num_fwd_outputs)
+    search = BudgetSearch.prepare(module.graph, info, solver=solver)
+    points = sweep(search, DEFAULT_BUDGETS if budgets is None else budgets)
+    if read_flag("visualize_memory_budget_pareto"):
+        write_pareto_png(points, search.solver)
+    return points
+
+
+def write_pareto_png(points: list[ParetoPoint], label: str) -> str:
+    path = f"memory_budget_pareto_{next(_figure_ids)}.png"
+    plot_pareto({label: points}, path)
+    log.warning("Generated Pareto frontier curve at %s", path)
+    return path
