@@ -9,7 +9,11 @@ The Python half of PyTorch's compiled autograd, for torch 2.11 to 2.15::
 
 from __future__ import annotations
 
-from compiled_autograd.capture import AutogradCompilerInstance, CompilerFnError
+from compiled_autograd.capture import (
+    AutogradCompilerInstance,
+    CompilerFnError,
+    ForeignCompilerError,
+)
 from compiled_autograd.engine import (
     CompiledAutogradConflictError,
     counters,
@@ -31,6 +35,7 @@ __all__ = [
     "AutogradCompilerInstance",
     "CompiledAutogradConflictError",
     "CompilerFnError",
+    "ForeignCompilerError",
     "UnsupportedTorchError",
     "compile",
     "counters",

@@ -46,12 +46,16 @@ from compiled_autograd.graph_ops import (
     unwrap_maybe_dynamic_int,
 )
 from compiled_autograd.interop import functional_ops
-from compiled_autograd.state import STATE
+from compiled_autograd.state import STATE, CompilerFactory
 
 logger = logging.getLogger(__name__)
 graph_logger = logging.getLogger("compiled_autograd.graph")
 
 _capture_ids = itertools.count()
+
+
+class ForeignCompilerError(RuntimeError):
+    """A graph we captured was about to run under a compiler that is not ours."""
 
 
 class CompilerFnError(RuntimeError):
@@ -486,8 +490,6 @@ class AutogradCompilerInstance:
 
 def _make_runtime_wrapper(used_sizes: list[int], to_cuda: list[int],
                           check_nans: bool) -> Callable[..., Any]:
-    from compiled_autograd.engine import disable
-
     mark_dynamic = torch._dynamo.maybe_mark_dynamic
 
     def runtime_wrapper(compiled_fn: Callable[..., Any], inputs: list[Any], sizes: list[int],
@@ -504,13 +506,20 @@ def _make_runtime_wrapper(used_sizes: list[int], to_cuda: list[int],
                 filtered.append(size)
         for index in to_cuda:
             inputs[index] = inputs[index].pin_memory().cuda(non_blocking=True)
+        # The compiled graph must not re-enter compiled autograd (e.g. Dynamo compiling it).
+        installed, installed_dynamic = protocol.set_compiler(None, False)
         STATE.in_compiled_region = True
         try:
-            # The compiled graph must not re-enter compiled autograd (e.g. Dynamo compiling it).
-            with disable():
-                out = compiled_fn(inputs, filtered, scalars, hooks, packed_inputs)
+            if not isinstance(installed, CompilerFactory):
+                raise ForeignCompilerError(
+                    "the autograd engine's cache returned a graph captured by "
+                    "compiled_autograd, but another compiled autograd (torch's own?) is "
+                    f"installed now ({installed!r}); the engine's cache ignores which compiler "
+                    "filled it. Call compiled_autograd.reset() before switching.")
+            out = compiled_fn(inputs, filtered, scalars, hooks, packed_inputs)
         finally:
             STATE.in_compiled_region = False
+            protocol.set_compiler(installed, installed_dynamic)
         if check_nans:
             _check_nans(out)
         return out

@@ -10,7 +10,6 @@ autograd (seen through its capture counter) and on leaving a nested ``enable``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ import torch
 
 from compiled_autograd import protocol
 from compiled_autograd.capture import AutogradCompilerInstance
-from compiled_autograd.state import STATE
+from compiled_autograd.state import STATE, CompilerFactory
 
 logger = logging.getLogger(__name__)
 verbose_logger = logging.getLogger("compiled_autograd.verbose")
@@ -38,15 +37,7 @@ def counters() -> dict[str, int]:
 def is_enabled() -> bool:
     """Whether one of our compiler factories is installed in the C++ engine right now."""
     factory, _ = protocol.installed_compiler()
-    return isinstance(factory, _Factory)
-
-
-class _Factory(functools.partial):
-    """``AutogradCompilerInstance(compiler_fn)``; its type tells our factory from torch's."""
-
-    @property
-    def compiler_fn(self) -> Callable[..., Any]:
-        return self.args[0]
+    return isinstance(factory, CompilerFactory)
 
 
 def _torch_capture_count() -> int:
@@ -60,7 +51,7 @@ _torch_captures_seen = 0
 def _owner_of(factory: Any) -> Any:
     if factory is None:
         return None
-    return factory.compiler_fn if isinstance(factory, _Factory) else factory
+    return factory.compiler_fn if isinstance(factory, CompilerFactory) else factory
 
 
 def _hand_cache_to(owner: Any) -> None:
@@ -106,7 +97,7 @@ def enable(compiler_fn: Callable[..., Any], *, dynamic: bool = True,
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool, got {dynamic!r}")
     _refuse_torch_flag()
-    factory = _Factory(AutogradCompilerInstance, compiler_fn)
+    factory = CompilerFactory(AutogradCompilerInstance, compiler_fn)
     prior, prior_dynamic = protocol.set_compiler(factory, dynamic)
     prior_scalars = STATE.move_cpu_scalars
     STATE.move_cpu_scalars = move_cpu_scalars_to_cuda
