@@ -68,7 +68,7 @@ def aot_with() -> Callable[[Callable], Callable[[torch.nn.Module], Callable]]:
     return make
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def capture() -> Callable[..., CapturedJoint]:
     return capture_joint
 

@@ -77,7 +77,7 @@ def _recomputed_reason(node: fx.Node) -> str:
     policy = node.meta.get("recompute")
     if policy in (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE):
         return f"{policy.name} annotation"
-    return "recomputed: cheaper than saving its inputs' consumers"
+    return "recomputed: cheaper to recompute from saved values than to save"
 
 
 def _decision(node: fx.Node, decision: str, reason: str) -> NodeDecision:
