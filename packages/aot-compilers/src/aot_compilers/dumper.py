@@ -29,7 +29,6 @@ import torch
 import torch.fx as fx
 
 from .errors import GraphDumpError
-from .fusion import default_decompositions
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +274,8 @@ class GraphDumper:
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from aot_partition import default_partition
         from torch._functorch.aot_autograd import aot_module_simplified
+
+        from .fusion import default_decompositions
 
         index = self.graph_index
         self.graph_index += 1

@@ -97,6 +97,7 @@ def canonicalize_to_copy(gm: fx.GraphModule) -> fx.GraphModule:
         if (node.op == "call_function" and node.target in to_copy_targets
                 and len(node.args) == 1 and set(node.kwargs) == {"dtype"}):
             node.target = torch.ops.aten.to
+    gm.recompile()
     return gm
 
 
@@ -107,6 +108,7 @@ def devices_as_strings(gm: fx.GraphModule) -> fx.GraphModule:
         if any(isinstance(v, torch.device) for v in node.kwargs.values()):
             node.kwargs = {k: str(v) if isinstance(v, torch.device) else v
                            for k, v in node.kwargs.items()}
+    gm.recompile()
     return gm
 
 
@@ -147,7 +149,6 @@ def ts_compile(gm: fx.GraphModule, example_inputs: list[Any]) -> torch.jit.Scrip
         with _running("devices as strings"):
             devices_as_strings(gm)
             gm.graph.lint()
-            gm.recompile()
         with _running("torch.jit.script"):
             scripted = _step("torch.jit.script")(_eager_graph_module(gm))
         with _running("remove mutation"):
