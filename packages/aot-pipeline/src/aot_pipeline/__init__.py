@@ -1,19 +1,21 @@
 """aot_pipeline: the full torch.compile pipeline built from the aot-* packages.
 
-``compile`` and ``aot_pipeline_backend`` are imported on first use, so that ``import
-aot_pipeline`` (and the ``aot-pipeline`` command's ``--help``) stays cheap.
+``compile``, ``aot_pipeline_backend`` and ``build_model`` are imported on first use, so that
+``import aot_pipeline`` does not import torch (the ``aot-pipeline`` command answers ``--help``
+and bad arguments at once).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .models import MODEL_NAMES, build_model
+from .model_names import MODEL_NAMES
 from .options import COMPILERS, SOLVERS, PipelineOptionError, PipelineOptions
 
 if TYPE_CHECKING:
     from .api import CompiledModel, compile
     from .backend import aot_pipeline_backend
+    from .models import build_model
 
 __all__ = [
     "COMPILERS",
@@ -27,7 +29,8 @@ __all__ = [
     "compile",
 ]
 
-_LAZY = {"compile": "api", "CompiledModel": "api", "aot_pipeline_backend": "backend"}
+_LAZY = {"compile": "api", "CompiledModel": "api", "aot_pipeline_backend": "backend",
+         "build_model": "models"}
 
 
 def __getattr__(name: str) -> Any:

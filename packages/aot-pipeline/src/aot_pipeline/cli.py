@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .models import MODEL_NAMES
+from .model_names import MODEL_NAMES
 from .options import COMPILERS, SOLVERS, PipelineOptionError, validate_memory_budget
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .model_names import MODEL_NAMES
+
 __all__ = [
     "MODEL_NAMES",
     "MLP",
@@ -171,8 +173,6 @@ class ConvNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).flatten(1))
 
-
-MODEL_NAMES = ("mlp", "gpt", "llama", "convnet")
 
 
 @dataclass

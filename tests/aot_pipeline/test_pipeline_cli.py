@@ -1,0 +1,111 @@
+"""The aot-pipeline command, run as a subprocess with tiny settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+COMMAND = [sys.executable, "-m", "aot_pipeline.cli"]
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+@pytest.mark.slow
+def test_train_prints_a_table_against_eager_and_inductor(tmp_path):
+    result = run_cli("train", "--model", "mlp", "--layers", "1", "--steps", "3",
+                     "--memory-budget", "0.5", "--json", str(tmp_path / "train.json"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("variant"))
+    assert "saved activations" in lines[header] and "loss matches eager" in lines[header]
+    rows = {line.split()[0]: line for line in lines[header + 2:header + 5]}
+    assert set(rows) == {"eager", "inductor", "aot_pipeline"}
+    assert all(row.rstrip().endswith("yes") for row in rows.values()), result.stdout
+    assert "step/s" in result.stderr or "it/s" in result.stderr  # tqdm progress on stderr
+    import json
+
+    saved = json.loads((tmp_path / "train.json").read_text())["results"]
+    assert [r["variant"] for r in saved] == ["eager", "inductor", "aot_pipeline"]
+    assert all(r["saved_bytes"] > 0 and len(r["losses"]) == 3 for r in saved)
+
+
+def test_partition_prints_saved_and_recomputed_with_reasons():
+    result = run_cli("partition", "--model", "gpt", "--layers", "1", "--memory-budget", "0.5")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "memory budget 0.5" in out
+    assert "saved for backward:" in out and "recomputed in backward:" in out
+    recomputed = out.split("recomputed in backward:")[1].split("\n\n")[0].splitlines()[3:]
+    assert recomputed, out
+    assert all(len(line.split(None, 3)) == 4 for line in recomputed)  # node op bytes why
+
+
+def test_pareto_writes_a_png(tmp_path):
+    png = tmp_path / "mlp.png"
+    result = run_cli("pareto", "--model", "mlp", "--layers", "2", "--budgets", "0,0.5,1",
+                     "--output", str(png))
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = result.stdout.split("---")[-1].strip().splitlines()[1:]
+    assert [row.split()[0] for row in rows[:3]] == ["0.000", "0.500", "1.000"]
+
+
+def _assert_one_line_error(result: subprocess.CompletedProcess, match: str) -> None:
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("aot-pipeline: error:") and match in lines[0], lines[0]
+
+
+def test_bad_arguments_are_answered_without_importing_torch():
+    import json
+
+    probe = ("import json, sys; from aot_pipeline.cli import main; code = main(sys.argv[1:]); "
+             "print(json.dumps([code, 'torch' in sys.modules]))")
+    result = subprocess.run([sys.executable, "-c", probe, "train", "--model", "vgg"],
+                            capture_output=True, text=True, timeout=60)
+    assert json.loads(result.stdout) == [2, False]
+
+
+def test_budget_above_one_is_a_one_line_error():
+    _assert_one_line_error(run_cli("train", "--memory-budget", "1.5"),
+                           "memory_budget must be in [0, 1]")
+
+
+def test_unknown_model_is_a_one_line_error():
+    _assert_one_line_error(run_cli("partition", "--model", "resnet"),
+                           "invalid choice: 'resnet' (choose from 'mlp', 'gpt', 'llama', 'convnet')")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cuda_without_cuda_is_a_one_line_error():
+    _assert_one_line_error(run_cli("train", "--device", "cuda"), "no CUDA device")
+
+
+def test_in_process_errors_return_status_two(capsys):
+    from aot_pipeline.cli import main
+
+    assert main(["train", "--variants", "eager,jax"]) == 2
+    assert "unknown variant(s) jax; choose from eager, inductor, aot_pipeline" in \
+        capsys.readouterr().err
+    assert main(["pareto", "--budgets", "0.5,2"]) == 2
+    assert "--budgets: memory_budget must be in [0, 1]" in capsys.readouterr().err
+    assert main(["train", "--steps", "0"]) == 2
+    assert "must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_train_on_cuda_reports_peak_memory():
+    result = run_cli("train", "--model", "gpt", "--layers", "1", "--steps", "3",
+                     "--device", "cuda")
+    assert result.returncode == 0, result.stderr
+    assert "peak CUDA memory" in result.stdout
