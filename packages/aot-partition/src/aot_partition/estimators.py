@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RUNTIME_ESTIMATORS", "estimate_runtime", "clear_runtime_cache"]
+__all__ = ["RUNTIME_ESTIMATORS", "clear_runtime_cache", "count_flops", "estimate_runtime"]
 
 RUNTIME_ESTIMATORS = ("flops", "profile", "testing")
 # Unbacked or symbolic sizes without a hint are materialized with this size (as torch does).
@@ -88,19 +88,25 @@ def _materializer(device: str | None, fill: bool) -> Callable[[Any], Any]:
     return materialize
 
 
-def _has_flop_formula(target: Any) -> bool:
-    from torch.utils.flop_counter import flop_registry
+def count_flops(node: fx.Node) -> float:
+    """FLOPs of ``node`` from torch's FLOP-counter formula for its op (shapes only).
 
-    packet = getattr(target, "overloadpacket", target)
-    return packet in flop_registry
+    The formula is applied directly to meta tensors of the node's shapes, as FlopCounterMode
+    would after running the op; running it is the fallback when the direct call fails.
+    """
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-
-def _count_flops(node: fx.Node) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    if not _has_flop_formula(node.target):
+    packet = getattr(node.target, "overloadpacket", node.target)
+    formula = flop_registry.get(packet)
+    if formula is None:
         return 1.0
-    args, kwargs = pytree.tree_map(_materializer("meta", fill=False), (node.args, node.kwargs))
+    materialize = _materializer("meta", fill=False)
+    args, kwargs = pytree.tree_map(materialize, (node.args, node.kwargs))
+    out = pytree.tree_map(lambda v: materialize_value(v), node.meta.get("val"))
+    try:
+        return float(max(formula(*args, **kwargs, out_val=out), 1))
+    except Exception:  # a formula that needs more than shapes: count by running on meta
+        pass
     try:
         with FlopCounterMode(display=False) as mode:
             node.target(*args, **kwargs)
@@ -108,6 +114,15 @@ def _count_flops(node: fx.Node) -> float:
         log.debug("flops of %s not countable on meta tensors: %s", node.name, exc)
         return 1.0
     return float(max(mode.get_total_flops(), 1))
+
+
+def materialize_value(val: Any) -> Any:
+    """A meta tensor with ``val``'s (hinted) shape and strides; other values pass through."""
+    if isinstance(val, torch.Tensor):
+        return torch.empty_strided([_hint(s) for s in val.shape],
+                                   [_hint(s) for s in val.stride()], dtype=val.dtype,
+                                   device="meta")
+    return val
 
 
 def _profile_ms(node: fx.Node) -> float:
@@ -175,7 +190,7 @@ def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
         key, cached = None, None
     if cached is not None:
         return cached
-    value = _count_flops(node) if estimator == "flops" else _profile_ms(node)
+    value = count_flops(node) if estimator == "flops" else _profile_ms(node)
     if key is not None:
         _cache[key] = value
     return value

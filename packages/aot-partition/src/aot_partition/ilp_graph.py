@@ -89,7 +89,9 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
         LinearConstraint(np.concatenate([sizes, np.zeros(n)]).reshape(1, -1), ub=capacity),
     ]
     upper = np.concatenate([np.ones(n), recomputable.astype(np.float64)])
-    cost = np.concatenate([np.zeros(n), runtimes + _PER_NODE_COST])
+    # Ties in recompute cost go to the answer that saves fewer bytes (worth < one FLOP in all).
+    byte_cost = 0.5 * _PER_NODE_COST * sizes / max(float(sizes.sum()), 1.0)
+    cost = np.concatenate([byte_cost, runtimes + _PER_NODE_COST])
     result = milp(c=cost, constraints=constraints, integrality=np.ones(2 * n),
                   bounds=Bounds(np.zeros(2 * n), upper),
                   options={"time_limit": time_limit_s})

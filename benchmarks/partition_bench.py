@@ -1,0 +1,285 @@
+"""Partition benchmark: our min-cut partitioner against torch's, on the same joint graphs.
+
+For each model and activation-memory budget, both partitioners split fresh copies of one joint
+graph. Columns: partition wall time (median of --repeats, each on a fresh deep copy; the copy
+is not timed), saved activation bytes and tensor count, recompute FLOPs (FLOPs of the forward
+plus backward graphs, counted on meta tensors, minus the joint graph's = eager's), and the
+ratios ours/torch. A second table times ``dp_knapsack`` against torch's on 500 items.
+
+Writes ``benchmarks/out/partition_bench.json``, ``.md`` and one Pareto PNG per model, and (not
+with --smoke) copies the markdown into ``benchmarks/RESULTS-partition.md``.
+
+    uv run python benchmarks/partition_bench.py            # full run (minutes)
+    uv run python benchmarks/partition_bench.py --smoke    # one small model, one budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.fx as fx
+from aot_config import functorch as functorch_config
+from aot_partition import knapsack as our_knapsack
+from aot_partition import min_cut_rematerialization_partition
+from aot_partition.estimators import count_flops
+from aot_partition.pareto import ParetoPoint
+from aot_pipeline.models import build_model
+from functorch.compile import aot_module, make_boxed_func
+from torch._functorch import config as torch_config
+from torch._functorch._activation_checkpointing import knapsack as torch_knapsack
+from torch._functorch.partitioners import default_partition
+from torch._functorch.partitioners import (
+    min_cut_rematerialization_partition as torch_min_cut_partition,
+)
+from tqdm import tqdm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt-12": {"name": "gpt", "layers": 12},
+    "gpt-32": {"name": "gpt", "layers": 32},
+    "llama-8": {"name": "llama", "layers": 8},
+    "convnet": {"name": "convnet", "layers": 3, "channels": 8, "image": 16},
+}
+SMOKE_MODELS = {"gpt-1": {"name": "gpt", "layers": 1}}
+BUDGETS = (1.0, 0.8, 0.5, 0.2)
+# The exact whole-graph MILP is run once per budget on graphs up to this many nodes.
+ILP_GRAPH_MAX_NODES = 2500
+
+
+@dataclass
+class Joint:
+    label: str
+    module: fx.GraphModule
+    inputs: Any
+    num_fwd_outputs: int
+
+    def fresh(self) -> fx.GraphModule:
+        return copy.deepcopy(self.module)
+
+
+@dataclass
+class Row:
+    model: str
+    nodes: int
+    budget: float
+    partitioner: str          # "ours", "torch", "ours:<solver>"
+    seconds: float
+    saved_bytes: int
+    saved_tensors: int
+    recompute_flops: float
+
+
+def capture_joint(label: str, spec: dict[str, Any]) -> Joint:
+    spec = dict(spec)
+    built = build_model(spec.pop("name"), **spec)
+    record: dict[str, Joint] = {}
+
+    def recording(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        record["joint"] = Joint(label, copy.deepcopy(joint), joint_inputs, num_fwd_outputs)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    nop = make_boxed_func
+    aot_module(built.module, fw_compiler=lambda g, _: nop(g), bw_compiler=lambda g, _: nop(g),
+               partition_fn=recording)(*built.make_inputs())
+    return record["joint"]
+
+
+def graph_flops(gm: fx.GraphModule) -> float:
+    # count_flops returns 1 for ops without a FLOP formula; count those as 0 here.
+    total = 0.0
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            flops = count_flops(node)
+            total += flops if flops > 1 else 0.0
+    return total
+
+
+def saved_tensors(fw: fx.GraphModule, num_fwd_outputs: int) -> tuple[int, int]:
+    output = next(iter(fw.graph.find_nodes(op="output")))
+    count = nbytes = 0
+    for out in list(output.args[0])[num_fwd_outputs:]:
+        val = out.meta.get("val") if isinstance(out, fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            count += 1
+            nbytes += val.numel() * val.element_size()
+    return nbytes, count
+
+
+def run_partitioner(joint: Joint, budget: float, who: str, repeats: int) -> Row:
+    solver = who.split(":", 1)[1] if ":" in who else "dp"
+    times = []
+    fw = bw = None
+    for _ in range(repeats):
+        module = joint.fresh()
+        if who == "torch":
+            with torch_config.patch(activation_memory_budget=budget):
+                start = time.perf_counter()
+                fw, bw = torch_min_cut_partition(module, joint.inputs,
+                                                 num_fwd_outputs=joint.num_fwd_outputs)
+        else:
+            with functorch_config.patch(activation_memory_budget=budget,
+                                        activation_memory_budget_solver=solver):
+                start = time.perf_counter()
+                fw, bw = min_cut_rematerialization_partition(
+                    module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+        times.append(time.perf_counter() - start)
+    assert fw is not None and bw is not None
+    nbytes, count = saved_tensors(fw, joint.num_fwd_outputs)
+    recompute = graph_flops(fw) + graph_flops(bw) - graph_flops(joint.module)
+    return Row(joint.label, len(joint.module.graph.nodes), budget, who,
+               statistics.median(times), nbytes, count, recompute)
+
+
+def knapsack_rows(items: int, repeats: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    memory = (rng.random(items) * 4 / items).tolist()
+    runtimes = rng.integers(1, 10**7, items).astype(float).tolist()
+    rows = []
+    for max_memory in (0.2, 0.5, 0.9):
+        timings: dict[str, float] = {}
+        answers = {}
+        solvers: dict[str, Callable] = {
+            "torch dp_knapsack": torch_knapsack.dp_knapsack,
+            "ours dp_knapsack": our_knapsack.dp_knapsack,
+            "ours dp_knapsack_hirschberg": our_knapsack.dp_knapsack_hirschberg,
+        }
+        for name, fn in solvers.items():
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                answers[name] = fn(memory, runtimes, max_memory)
+                times.append(time.perf_counter() - start)
+            timings[name] = statistics.median(times)
+        same = sorted(answers["torch dp_knapsack"][1]) == answers["ours dp_knapsack"][1]
+        rows.append({"items": items, "max_memory": max_memory, "same_answer": same,
+                     **{f"{k} s": v for k, v in timings.items()},
+                     "speedup": timings["torch dp_knapsack"] / timings["ours dp_knapsack"]})
+    return rows
+
+
+def markdown(rows: list[Row], knap: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "## Partition benchmark (ours vs torch `min_cut_rematerialization_partition`)",
+        "",
+        f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}; "
+        f"median of {meta['repeats']} runs on fresh copies of each joint graph.",
+        "Recompute FLOPs = FLOPs(forward graph + backward graph) - FLOPs(joint graph).",
+        "",
+        "| model | nodes | budget | partitioner | time s | saved bytes | saved tensors | "
+        "recompute GFLOP | time ours/torch | bytes ours/torch | recompute ours/torch |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    torch_rows = {(r.model, r.budget): r for r in rows if r.partitioner == "torch"}
+
+    def ratio(a: float, b: float) -> str:
+        if b == 0:
+            return "=" if a == 0 else "inf"
+        return f"{a / b:.3f}"
+
+    for r in rows:
+        t = torch_rows.get((r.model, r.budget))
+        ratios = ["", "", ""] if t is None or r is t else [
+            ratio(r.seconds, t.seconds), ratio(r.saved_bytes, t.saved_bytes),
+            ratio(r.recompute_flops, t.recompute_flops)]
+        lines.append(f"| {r.model} | {r.nodes} | {r.budget} | {r.partitioner} | "
+                     f"{r.seconds:.3f} | {r.saved_bytes} | {r.saved_tensors} | "
+                     f"{r.recompute_flops / 1e9:.6f} | " + " | ".join(ratios) + " |")
+    lines += ["", "### dp_knapsack: ours vs torch", "",
+              "| items | max_memory | torch s | ours s | ours hirschberg s | speedup | same answer |",
+              "|---:|---:|---:|---:|---:|---:|---|"]
+    for k in knap:
+        lines.append(f"| {k['items']} | {k['max_memory']} | {k['torch dp_knapsack s']:.4f} | "
+                     f"{k['ours dp_knapsack s']:.4f} | {k['ours dp_knapsack_hirschberg s']:.4f} | "
+                     f"{k['speedup']:.1f}x | {k['same_answer']} |")
+    return "\n".join(lines) + "\n"
+
+
+def pareto_pngs(rows: list[Row], out_dir: str) -> list[str]:
+    from aot_partition.draw import plot_pareto
+
+    paths = []
+    for model in dict.fromkeys(r.model for r in rows):
+        mine = [r for r in rows if r.model == model]
+        full = max(r.saved_bytes for r in mine) or 1
+        series: dict[str, list[ParetoPoint]] = {}
+        for r in mine:
+            series.setdefault(r.partitioner, []).append(ParetoPoint(
+                r.budget, r.recompute_flops, r.saved_bytes / full, r.saved_bytes,
+                r.saved_tensors))
+        path = os.path.join(out_dir, f"pareto_{model}.png")
+        plot_pareto(series, path, title=f"{model}: saved bytes (fraction of max) vs. "
+                                        "recompute FLOPs")
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="one small model, one budget")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=os.path.join(HERE, "out"))
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated subset of {', '.join(MODELS)}")
+    parser.add_argument("--solvers", default="dp_graph,ilp_graph",
+                        help="extra budget solvers of ours to run besides the default 'dp'")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.smoke:
+        models, budgets, repeats, extra = SMOKE_MODELS, (0.5,), 1, ["ilp_graph"]
+    else:
+        models = {k: MODELS[k] for k in args.models.split(",")}
+        budgets, repeats = BUDGETS, args.repeats
+        extra = [s for s in args.solvers.split(",") if s]
+
+    rows: list[Row] = []
+    jobs = []
+    for label, spec in models.items():
+        joint = capture_joint(label, spec)
+        for budget in budgets:
+            whos = ["torch", "ours"]
+            if budget < 1.0:
+                whos += [f"ours:{s}" for s in extra
+                         if s != "ilp_graph" or len(joint.module.graph.nodes) <= ILP_GRAPH_MAX_NODES]
+            jobs += [(joint, budget, who) for who in whos]
+    for joint, budget, who in tqdm(jobs, desc="partitioning", file=sys.stderr):
+        reps = 1 if who.startswith("ours:") else repeats
+        rows.append(run_partitioner(joint, budget, who, reps))
+
+    knap = knapsack_rows(500 if not args.smoke else 100, 1 if args.smoke else 5)
+    meta = {
+        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, "
+                   f"torch threads {torch.get_num_threads()}".replace("  ", " "),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "repeats": repeats,
+    }
+    report = markdown(rows, knap, meta)
+    with open(os.path.join(args.out, "partition_bench.json"), "w") as f:
+        json.dump({"meta": meta, "rows": [asdict(r) for r in rows], "knapsack": knap}, f,
+                  indent=1)
+    with open(os.path.join(args.out, "partition_bench.md"), "w") as f:
+        f.write(report)
+    pngs = pareto_pngs(rows, args.out)
+    if not args.smoke:
+        with open(os.path.join(HERE, "RESULTS-partition.md"), "w") as f:
+            f.write(report + "\nPareto fronts: " + ", ".join(
+                os.path.relpath(p, HERE) for p in pngs) + " (git-ignored).\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

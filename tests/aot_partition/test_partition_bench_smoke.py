@@ -1,0 +1,30 @@
+"""benchmarks/partition_bench.py --smoke keeps running: one small model, one budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_json_markdown_and_png(tmp_path):
+    script = os.path.join(ROOT, "benchmarks", "partition_bench.py")
+    done = subprocess.run([sys.executable, script, "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "partition_bench.json").read_text())
+    rows = {row["partitioner"]: row for row in result["rows"]}
+    assert {"torch", "ours"} <= set(rows)
+    for row in rows.values():
+        assert row["budget"] == 0.5 and row["seconds"] > 0 and row["saved_bytes"] > 0
+    # Same algorithm and knapsack as torch: never more saved bytes at the same budget.
+    assert rows["ours"]["saved_bytes"] <= rows["torch"]["saved_bytes"]
+    assert all(k["same_answer"] for k in result["knapsack"])
+    assert "| model | nodes | budget |" in (tmp_path / "partition_bench.md").read_text()
+    assert (tmp_path / "pareto_gpt-1.png").read_bytes()[:4] == b"\x89PNG"
