@@ -38,7 +38,7 @@ FUNCTORCH_SEED = {
     "enable_autograd_cache": False,
     "strict_autograd_cache": False,
 }
-FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy"}
+FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save": False}
 
 # torch/_dynamo/config.py (seed 001), without the values that depend on the machine.
 DYNAMO_SEED = {

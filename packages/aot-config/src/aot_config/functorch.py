@@ -55,6 +55,12 @@ cse = Flag(
     True, doc="Apply common-subexpression elimination to the joint graph before partitioning."
 )
 
+# Newer torch (2.13) adds this flag with default True; the seed's behaviour is False, kept here.
+treat_parameters_as_free_to_save = Flag(
+    False,
+    doc="Let the min-cut treat static-lifetime inputs (parameters) as free to save for backward.",
+)
+
 # The seed used `not is_fbcode()`; outside Meta's internal build that is True.
 view_replay_for_aliased_outputs = Flag(
     True,
