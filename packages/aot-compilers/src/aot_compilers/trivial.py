@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import logging
+import os
 from typing import Any
 
 import torch.fx as fx
@@ -42,24 +42,35 @@ def _require_pydot() -> None:
         )
 
 
-def _draw_and_return(gm: fx.GraphModule, example_inputs: list[Any], *, name: str,
-                     clear_meta: bool) -> fx.GraphModule:
-    from aot_partition import draw_graph  # lazy: drawing is an optional extra
+class _GraphDrawer:
+    """Prints and draws each graph it compiles to ``{base}_{k}{ext}``, k counting from 0 in
+    compile order (forward, then backward), so the backward does not overwrite the forward."""
 
-    print(gm.code)
-    log.info("drawing graph to %s", name)
-    draw_graph(gm, name, clear_meta=clear_meta)
-    return gm
+    def __init__(self, name: str, clear_meta: bool) -> None:
+        self.base, self.ext = os.path.splitext(name)
+        self.clear_meta = clear_meta
+        self.count = 0
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
+        from aot_partition import draw_graph  # lazy: drawing is an optional extra
+
+        file_name = f"{self.base}_{self.count}{self.ext}"
+        self.count += 1
+        print(gm.code)
+        log.info("drawing graph to %s", file_name)
+        draw_graph(gm, file_name, clear_meta=self.clear_meta)
+        return gm
 
 
 def draw_graph_compile(name: str, clear_meta: bool = True) -> Compiler:
-    """A compiler that prints each graph, draws it to ``name`` (with pydot) and runs it unchanged.
+    """A compiler that prints each graph, draws it with pydot and runs it unchanged.
 
-    ``clear_meta`` drops node metadata from the picture (smaller, as the seed did). Raises
-    ``MissingExtraError`` right away when pydot (the ``draw`` extra) is not installed.
+    The k-th graph compiled goes to ``{base}_{k}{ext}`` of ``name`` (``g.svg`` gives ``g_0.svg``
+    for the forward, ``g_1.svg`` for the backward); the extension picks the format, ``.raw``
+    writes dot source without graphviz. ``clear_meta`` drops node metadata from the picture.
+    Raises ``MissingExtraError`` right away when pydot (the ``draw`` extra) is not installed.
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"draw_graph_compile needs a non-empty file name string, got {name!r}")
     _require_pydot()
-    return make_boxed_compiler(functools.partial(_draw_and_return, name=name,
-                                                 clear_meta=clear_meta))
+    return make_boxed_compiler(_GraphDrawer(name, clear_meta))
