@@ -488,6 +488,19 @@ class AutogradCompilerInstance:
                 f"({calls} calls): {type(error).__name__}: {error}") from error
 
 
+def _hide_from_dynamo(cls: type) -> type:
+    """The engine calls these methods from inside a backward that may itself run within a
+    ``torch.compile``'d frame (e.g. ``loss.backward()`` in a compiled train step). Dynamo skips
+    torch's own files, but would try to compile ours: opt every method out explicitly."""
+    for name, member in list(vars(cls).items()):
+        if inspect.isfunction(member) and (name == "__init__" or not name.startswith("__")):
+            setattr(cls, name, torch._dynamo.disable(member))
+    return cls
+
+
+_hide_from_dynamo(AutogradCompilerInstance)
+
+
 def _make_runtime_wrapper(used_sizes: list[int], to_cuda: list[int],
                           check_nans: bool) -> Callable[..., Any]:
     mark_dynamic = torch._dynamo.maybe_mark_dynamic
@@ -524,7 +537,7 @@ def _make_runtime_wrapper(used_sizes: list[int], to_cuda: list[int],
             _check_nans(out)
         return out
 
-    return runtime_wrapper
+    return torch._dynamo.disable(runtime_wrapper)
 
 
 def _check_nans(out: Any) -> None:

@@ -46,6 +46,9 @@ def maybe_enable_from_config(
 def compile(fn: Callable[..., Any], *, compiler_fn: Callable[..., Any] | None = None,
             **torch_compile_kwargs: Any) -> Callable[..., Any]:
     """``torch.compile(fn)`` whose backward calls are captured while the flag is on."""
+    if not callable(fn):
+        raise TypeError("compiled_autograd.compile expects a function or nn.Module, "
+                        f"got {type(fn).__name__}")
     compiled = torch.compile(fn, **torch_compile_kwargs)
 
     @functools.wraps(fn)
