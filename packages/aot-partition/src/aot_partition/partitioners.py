@@ -17,6 +17,7 @@ from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from .classify import (
     NodeInfo,
+    ancestors_within,
     classify,
     forward_and_backward_outputs,
     is_fwd_seed_offset,
@@ -123,10 +124,14 @@ def min_cut_rematerialization_partition(
     return fw_module, bw_module
 
 
-def _prepare_joint(joint_module: fx.GraphModule) -> fx.GraphModule:
+def _prepare_joint(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
     eliminate_dead_code(joint_module)
     if read_flag("cse"):
-        eliminate_common_subexpressions(joint_module)
+        # A forward-only value merged with its backward twin would become one more saved
+        # value (torch 2.15 fixed this the same way): keep the two sides apart.
+        _, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
+        needed_by_backward = ancestors_within(bw_outputs, set(joint_module.graph.nodes))
+        eliminate_common_subexpressions(joint_module, needed_by_backward.__contains__)
     return joint_module
 
 
@@ -157,7 +162,7 @@ def partition_with_report(
     memory_budget: float | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
     """The min-cut partition plus a PartitionReport saying why each value was saved or not."""
-    joint_module = _prepare_joint(joint_module)
+    joint_module = _prepare_joint(joint_module, num_fwd_outputs)
     recompute_annotated = has_recomputable_ops(joint_module)
     recompute_rng = has_recomputable_rng_ops(joint_module)
     if recompute_annotated:

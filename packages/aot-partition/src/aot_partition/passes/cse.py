@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -51,11 +52,14 @@ def _keep_unmerged(node: fx.Node, output_storages: set[Any]) -> bool:
     return storage is not None and storage in output_storages
 
 
-def eliminate_common_subexpressions(module: fx.GraphModule) -> fx.GraphModule:
+def eliminate_common_subexpressions(module: fx.GraphModule,
+                                    keep_apart: Callable[[fx.Node], Hashable] | None = None
+                                    ) -> fx.GraphModule:
     """Merge call_function nodes with equal target, arguments and checkpoint annotation.
 
     Random, mutating and output-aliasing nodes are never merged; a mutation starts a new
-    epoch so reads before and after it stay distinct.
+    epoch so reads before and after it stay distinct. Nodes with different ``keep_apart``
+    keys are never merged either.
     """
     graph = module.graph
     output = next(iter(graph.find_nodes(op="output")))
@@ -74,7 +78,8 @@ def eliminate_common_subexpressions(module: fx.GraphModule) -> fx.GraphModule:
             continue
         try:
             key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env),
-                   node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch)
+                   node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
+                   keep_apart(node) if keep_apart is not None else None)
             hash(key)
         except TypeError:  # unhashable constant argument: leave the node alone
             key = None
