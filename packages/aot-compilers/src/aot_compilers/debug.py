@@ -148,8 +148,9 @@ def _show(recorded: Iterable[IntLike], resolved: list[int | None]) -> str:
 
 
 def _describe_recorded(t: torch.Tensor) -> str:
-    return f"dtype={t.dtype}, size={tuple(str(s) for s in t.size())}, " \
-           f"stride={tuple(str(s) for s in t.stride())}".replace("'", "")
+    size = ", ".join(str(s) for s in t.size())
+    stride = ", ".join(str(s) for s in t.stride())
+    return f"dtype={t.dtype}, size=({size}), stride=({stride})"
 
 
 def _describe_real(t: torch.Tensor) -> str:

@@ -154,8 +154,13 @@ def _atomic_folder(final: Path) -> Iterator[Path]:
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old",
                                         dir=final.parent))
             os.replace(final, old / final.name)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                os.replace(old / final.name, final)  # put the previous dump back
+                raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
     except GraphDumpError:
