@@ -48,14 +48,16 @@ def test_partition_prints_saved_and_recomputed_with_reasons():
     assert all(len(line.split(None, 3)) == 4 for line in recomputed)  # node op bytes why
 
 
-def test_pareto_writes_a_png(tmp_path):
-    png = tmp_path / "mlp.png"
-    result = run_cli("pareto", "--model", "mlp", "--layers", "2", "--budgets", "0,0.5,1",
+def test_pareto_writes_a_png_and_a_table(tmp_path):
+    png = tmp_path / "gpt.png"
+    result = run_cli("pareto", "--model", "gpt", "--layers", "1", "--budgets", "1,0.5,0",
                      "--output", str(png))
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rows = result.stdout.split("---")[-1].strip().splitlines()[1:]
-    assert [row.split()[0] for row in rows[:3]] == ["0.000", "0.500", "1.000"]
+    table = result.stdout.split("---")[-1].strip().splitlines()[1:4]
+    budgets, ratios = zip(*((float(row.split()[0]), float(row.split()[1])) for row in table))
+    assert budgets == (1.0, 0.5, 0.0)
+    assert ratios[0] == 1.0 and ratios[1] < 1.0  # a lower budget saves less
 
 
 def _assert_one_line_error(result: subprocess.CompletedProcess, match: str) -> None:

@@ -1,0 +1,109 @@
+"""Training loops, saved-byte measurement, joint tracing and tables (no Inductor here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from aot_pipeline.joint import trace_joint
+from aot_pipeline.models import build_model
+from aot_pipeline.options import PipelineOptionError
+from aot_pipeline.report import format_bytes, format_table, train_table
+from aot_pipeline.train import (
+    TrainResult,
+    TrainSettings,
+    eager_saved_bytes,
+    losses_agree,
+    train_all,
+    train_variant,
+)
+from torch import nn
+
+
+class SinThenSquare(nn.Module):
+    def forward(self, x):
+        return torch.sin(x) ** 2
+
+
+def test_eager_saved_bytes_counts_each_storage_once():
+    x = torch.randn(4, 8, requires_grad=True)
+    # sin saves x (128 B); pow saves sin(x) (128 B); the loss's pow saves its input (128 B)
+    # and mean saves nothing: three distinct float32 storages of 32 elements.
+    assert eager_saved_bytes(SinThenSquare(), (x,), lambda out: out.pow(2).mean()) == 3 * 128
+
+
+def test_eager_saved_bytes_is_zero_without_autograd():
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert eager_saved_bytes(SinThenSquare(), (x,), lambda out: out.sum()) == 0
+
+
+def test_train_with_nop_compiler_matches_eager_losses():
+    settings = TrainSettings(model="mlp", layers=2, steps=3, compiler="nop", memory_budget=0.5,
+                             variants=("eager", "aot_pipeline"))
+    eager, ours = train_all(settings, progress=False)
+    assert len(eager.losses) == len(ours.losses) == 3
+    assert eager.matches_eager and ours.matches_eager
+    for got, want in zip(ours.losses, eager.losses):
+        assert got == pytest.approx(want, rel=1e-4)
+    assert eager.saved_bytes > 0 and ours.saved_bytes > 0
+    assert ours.peak_memory_bytes is None  # CPU
+
+
+def test_train_with_compiled_autograd_matches_eager_losses():
+    settings = TrainSettings(model="convnet", layers=1, steps=2, compiler="nop",
+                             compiled_autograd=True, variants=("eager", "aot_pipeline"))
+    eager, ours = train_all(settings, progress=False)
+    assert ours.matches_eager, (ours.losses, eager.losses)
+
+
+def test_train_refuses_unknown_variant_and_bad_steps():
+    with pytest.raises(PipelineOptionError, match="unknown variant 'jit'"):
+        train_variant("jit", TrainSettings(model="mlp", steps=1))
+    with pytest.raises(PipelineOptionError, match="steps must be >= 1, got 0"):
+        train_variant("eager", TrainSettings(model="mlp", steps=0))
+    with pytest.raises(PipelineOptionError, match="unknown device 'tpu'; choose one of cpu, cuda"):
+        train_variant("eager", TrainSettings(model="mlp", device="tpu"))
+
+
+def test_losses_agree_within_tolerance_only():
+    assert losses_agree([1.0, 0.5], [1.0, 0.50001])
+    assert not losses_agree([1.0, 0.5], [1.0, 0.51])
+    assert not losses_agree([1.0], [1.0, 0.5])
+
+
+def test_trace_joint_has_primals_tangents_and_forward_outputs():
+    built = build_model("mlp", layers=1)
+    joint = trace_joint(built.module, built.make_inputs())
+    placeholders = [n.name for n in joint.module.graph.find_nodes(op="placeholder")]
+    assert joint.num_fwd_outputs == 1
+    assert sum(name.startswith("primals") for name in placeholders) == 5  # 4 params + input
+    assert sum(name.startswith("tangents") for name in placeholders) == 1
+
+
+def test_trace_joint_refuses_a_model_without_grad():
+    model = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(RuntimeError, match="Linear produced no joint graph"):
+        trace_joint(model, (torch.randn(1, 2),))
+
+
+def test_format_table_aligns_columns():
+    table = format_table(["name", "bytes"], [["a", 10], ["longer", 1234]])
+    assert table.splitlines() == ["name    bytes",
+                                  "------  -----",
+                                  "a          10",
+                                  "longer   1234"]
+
+
+@pytest.mark.parametrize(("nbytes", "text"), [(None, "-"), (512, "512 B"), (2048, "2.0 KiB"),
+                                              (3 * 2**20, "3.0 MiB")])
+def test_format_bytes(nbytes, text):
+    assert format_bytes(nbytes) == text
+
+
+def test_train_table_shows_peak_memory_only_when_measured():
+    cpu = TrainResult("eager", [1.0, 0.5], 0.1, 0.01, 2048, matches_eager=True)
+    assert "peak CUDA memory" not in train_table([cpu])
+    gpu = TrainResult("eager", [1.0, 0.5], 0.1, 0.01, 2048, peak_memory_bytes=2**20,
+                      matches_eager=False)
+    table = train_table([gpu])
+    assert "peak CUDA memory" in table and "1.0 MiB" in table and table.endswith("NO")
