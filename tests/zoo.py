@@ -99,7 +99,7 @@ def loss_of(output) -> torch.Tensor:
 
 def run_with_grads(module: nn.Module, inputs, call=None, seed: int = 1234):
     """Run forward and backward; return (outputs, {param name: grad}, [input grads])."""
-    call = call or module
+    call = module if call is None else call
     inputs = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs)
     module.zero_grad(set_to_none=True)
     torch.manual_seed(seed)

@@ -14,7 +14,7 @@ from zoo import assert_matches_eager, make_case
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.usefixtures("fresh_dynamo")]
 
-DECLARED = {"aot_nop", "aot_debug", "aot_print", "aot_ts"}
+DECLARED = {"aot_nop", "aot_debug", "aot_print", "aot_torchscript"}
 
 
 def test_entry_points_are_installed_for_every_backend():
@@ -31,18 +31,17 @@ def test_names_resolve_to_our_backends(name):
     assert lookup_backend(name) is getattr(backends, name)
 
 
-@pytest.mark.xfail(strict=True, reason="torch registers its own built-in 'aot_ts' "
-                   "(torch/_dynamo/backends/debugging.py), which wins over entry points; "
-                   "pass aot_compilers.backends.aot_ts as a callable")
-def test_aot_ts_name_resolves_to_ours():
-    assert lookup_backend("aot_ts") is backends.aot_ts
+def test_aot_torchscript_name_resolves_to_ours():
+    # Not "aot_ts": torch registers a built-in of that name, and built-ins win over entry points.
+    assert lookup_backend("aot_torchscript") is backends.aot_torchscript
+    assert lookup_backend("aot_ts") is not backends.aot_torchscript
 
 
 def test_backends_use_our_partitioners():
     for name in ("aot_nop", "aot_debug", "aot_print"):
         assert getattr(backends, name).kwargs["partition_fn"] is \
             aot_partition.min_cut_rematerialization_partition
-    assert backends.aot_ts.kwargs["partition_fn"] is aot_partition.default_partition
+    assert backends.aot_torchscript.kwargs["partition_fn"] is aot_partition.default_partition
 
 
 @pytest.mark.parametrize("name,case", [("aot_nop", "gpt"), ("aot_nop", "dropout"),
@@ -57,8 +56,8 @@ def test_aot_print_by_name_prints_graphs(capsys, compile_with):
 
 
 @pytest.mark.parametrize("case", ["convnet", "gpt_sdpa"])
-def test_aot_ts_callable_matches_eager(case, compile_with):
-    assert_matches_eager(make_case(case), compile_with.torch_compile(backends.aot_ts))
+def test_aot_torchscript_by_name_matches_eager(case, compile_with):
+    assert_matches_eager(make_case(case), compile_with.torch_compile("aot_torchscript"))
 
 
 def test_debug_backend_checks_dynamic_shapes():

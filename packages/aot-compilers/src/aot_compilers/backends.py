@@ -8,7 +8,7 @@ Each is ``torch._dynamo.backends.common.aot_autograd`` with our compilers and pa
 * ``aot_nop``   -- graphs run unchanged; ``aot_partition.min_cut_rematerialization_partition``.
 * ``aot_debug`` -- ``debug_nop`` checks every value against its traced metadata; min-cut.
 * ``aot_print`` -- prints each graph's code; min-cut.
-* ``aot_ts``    -- ``ts_compile`` (TorchScript); ``aot_partition.default_partition``, because
+* ``aot_torchscript`` -- ``ts_compile`` (TorchScript); ``aot_partition.default_partition``, because
   recomputation gains nothing for TorchScript graphs and the plain split keeps to ops
   TorchScript handles; dynamic shapes are not supported (use ``dynamic=False``).
 """
@@ -28,7 +28,7 @@ aot_debug = aot_autograd(fw_compiler=debug_nop, bw_compiler=debug_nop,
                          partition_fn=min_cut_rematerialization_partition)
 aot_print = aot_autograd(fw_compiler=print_compile, bw_compiler=print_compile,
                          partition_fn=min_cut_rematerialization_partition)
-aot_ts = aot_autograd(fw_compiler=ts_compile, bw_compiler=ts_compile,
+aot_torchscript = aot_autograd(fw_compiler=ts_compile, bw_compiler=ts_compile,
                       partition_fn=default_partition)
 
-BACKENDS = {"aot_nop": aot_nop, "aot_debug": aot_debug, "aot_print": aot_print, "aot_ts": aot_ts}
+BACKENDS = {"aot_nop": aot_nop, "aot_debug": aot_debug, "aot_print": aot_print, "aot_torchscript": aot_torchscript}

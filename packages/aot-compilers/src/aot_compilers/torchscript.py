@@ -36,7 +36,7 @@ def _step(name: str) -> Callable[..., Any]:
     if fn is None:
         raise TorchScriptUnavailableError(
             f"{name} is not available in torch {torch.__version__}; the TorchScript compilers "
-            f"(ts_compile, simple_ts_compile, nnc_jit, aot_ts) cannot run here. Use nop or "
+            f"(ts_compile, simple_ts_compile, nnc_jit, aot_torchscript) cannot run here. Use nop or "
             f"torch.compile(backend='inductor') instead"
         )
     return fn
