@@ -47,7 +47,12 @@ MinCutSolver = Callable[[FlowNetwork], MinCut]
 
 
 def networkx_min_cut(network: FlowNetwork) -> MinCut:
-    """The reference solver (networkx preflow-push), same edge order as torch builds."""
+    """The reference solver (networkx preflow-push), same edge order as torch builds.
+
+    Its source side is every node that cannot reach the sink in the residual graph (the
+    largest minimum-cut source side, as networkx and hence torch report it); any solver's
+    minimum cut has the same value.
+    """
     import networkx as nx
 
     graph = nx.DiGraph()
