@@ -50,19 +50,21 @@ def _checkpointed(policy_fn, body=_block):
     return fn
 
 
-def _inputs(seed=0):
+def _inputs(seed=0, device="cpu"):
     torch.manual_seed(seed)
-    return [torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True),
-            torch.randn(8, 8, requires_grad=True)]
+    return [torch.randn(4, 8, device=device, requires_grad=True),
+            torch.randn(8, 8, device=device, requires_grad=True),
+            torch.randn(8, 8, device=device, requires_grad=True)]
 
 
-def _compile_and_compare(fn, partition_fn, split_with_recording, nop_compiler, seed=0):
+def _compile_and_compare(fn, partition_fn, split_with_recording, nop_compiler, seed=0,
+                         device="cpu"):
     recording, records = split_with_recording(partition_fn)
     backend = aot_autograd(fw_compiler=nop_compiler, bw_compiler=nop_compiler,
                            partition_fn=recording)
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend, fullgraph=True)
-    eager_in, compiled_in = _inputs(seed), _inputs(seed)
+    eager_in, compiled_in = _inputs(seed, device), _inputs(seed, device)
     torch.manual_seed(123)
     expected = fn(*eager_in)
     expected.sum().backward()
@@ -149,5 +151,15 @@ def test_recomputed_dropout_reproduces_forward_mask(partition_fn, split_with_rec
 
     assert any(n.target is run_and_save_rng_state for n in fw.graph.nodes)
     assert any(n.target is run_with_rng_state for n in bw.graph.nodes)
+    rng_inputs = [n for n in bw.graph.find_nodes(op="placeholder") if "rng_state" in n.name]
+    assert len(rng_inputs) == 1
+
+
+@pytest.mark.cuda
+def test_recomputed_dropout_reproduces_forward_mask_on_cuda(split_with_recording, nop_compiler):
+    policy = _policy(default=CheckpointPolicy.MUST_RECOMPUTE)
+    fw, bw, _ = _compile_and_compare(_checkpointed(policy, _dropout_block),
+                                     min_cut_rematerialization_partition, split_with_recording,
+                                     nop_compiler, device="cuda")
     rng_inputs = [n for n in bw.graph.find_nodes(op="placeholder") if "rng_state" in n.name]
     assert len(rng_inputs) == 1
