@@ -66,3 +66,31 @@ def test_dynamic_mlp_min_cut_matches_eager_for_two_batch_sizes(split_with_record
         _assert_close_runs(run_with_grads(compiled_module, (batch,), call=lambda *a: compiled(*a)),
                            run_with_grads(eager, (batch,)))
     assert len(records) == 1
+
+
+def test_dynamic_min_cut_saves_no_more_than_torch(nop_compiler):
+    """On a joint graph with symbolic sizes (hinted), ours saves no more bytes than torch's."""
+    import copy
+
+    from aot_partition import saved_activation_bytes
+    from torch._functorch import partitioners as torch_partitioners
+
+    sizes: list[tuple[int, int]] = []
+
+    def both(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        fw_torch, _ = torch_partitioners.min_cut_rematerialization_partition(
+            copy.deepcopy(joint), joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs,
+                                                     num_fwd_outputs=num_fwd_outputs, **kwargs)
+        sizes.append((saved_activation_bytes(fw, num_fwd_outputs),
+                      saved_activation_bytes(fw_torch, num_fwd_outputs)))
+        return fw, bw
+
+    torch._dynamo.reset()
+    case = make_case("views")
+    backend = aot_autograd(fw_compiler=nop_compiler, bw_compiler=nop_compiler, partition_fn=both)
+    compiled = torch.compile(case.module, backend=backend, dynamic=True)
+    compiled(case.inputs[0].clone().requires_grad_()).sum().backward()
+    assert len(sizes) == 1
+    ours, theirs = sizes[0]
+    assert 0 < ours <= theirs
