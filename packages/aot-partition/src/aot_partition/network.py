@@ -43,7 +43,12 @@ class BuiltNetwork:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    """Accumulates vertices, edges and bans; one builder per network."""
+
+    def __init__(self, ctx: PolicyContext, dont_ban: set[fx.Node]) -> None:
+        self.ctx = ctx
+        self.dont_ban = dont_ban
+        self.banned: dict[fx.Node, str] = {}
         self.names = ["source", "sink"]
         self.index: dict[str, int] = {}
         self.tails: list[int] = []
@@ -65,6 +70,14 @@ class _Builder:
         self.caps.append(float(cap))
         self.edge_nodes.append(node)
         self.reasons.append(reason)
+
+    def ban(self, node: fx.Node, reason: str) -> bool:
+        """Forbid recomputing ``node`` (an infinite source edge) unless it is exempt."""
+        if not _can_be_banned(node, self.ctx, self.dont_ban):
+            return False
+        self.banned.setdefault(node, reason)
+        self.edge(SOURCE, _in(self, node), math.inf, f"cannot recompute: {reason}")
+        return True
 
     def finish(self) -> tuple[FlowNetwork, list[fx.Node | None], list[str]]:
         network = FlowNetwork(
@@ -111,17 +124,9 @@ def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
 def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
                   dont_ban: set[fx.Node] | None = None) -> BuiltNetwork:
     """The flow network for ``joint_graph``, with every ban decided and recorded."""
-    dont_ban = dont_ban or set()
     info = ctx.node_info
-    b = _Builder()
-    banned: dict[fx.Node, str] = {}
-
-    def ban(node: fx.Node, reason: str) -> bool:
-        if not _can_be_banned(node, ctx, dont_ban):
-            return False
-        banned.setdefault(node, reason)
-        b.edge(SOURCE, _in(b, node), math.inf, f"cannot recompute: {reason}")
-        return True
+    b = _Builder(ctx, dont_ban or set())
+    ban = b.ban
 
     for node in joint_graph.nodes:
         if node.op == "output":
@@ -148,9 +153,9 @@ def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
             b.edge(_out(b, node), _in(b, user), math.inf, f"{user.name} uses {node.name}")
 
     # Both graph-wide heuristics see the bans made so far, including each other's.
-    ban_used_far_apart(ctx, banned.keys(), ban)
-    ban_long_fusible_chains(ctx, banned.keys(), ban)
+    ban_used_far_apart(ctx, b.banned.keys(), ban)
+    ban_long_fusible_chains(ctx, b.banned.keys(), ban)
     network, edge_nodes, reasons = b.finish()
-    for node, reason in banned.items():
+    for node, reason in b.banned.items():
         log.debug("banned from recomputation: %s (%s)", node.name, reason)
-    return BuiltNetwork(network, edge_nodes, reasons, banned)
+    return BuiltNetwork(network, edge_nodes, reasons, b.banned)
