@@ -98,19 +98,20 @@ def _inductor_partitioner_class() -> type:
 
 def _inductor_backend(options: PipelineOptions, partition: PartitionFn,
                       recorder: PartitionRecorder | None) -> Callable[..., CompiledGraph]:
-    from aot_config import functorch as functorch_flags
-
-    cache_key = (_sources_digest(), options.memory_budget, options.solver,
-                 functorch_flags.get_hash().hex())
-    config_patches: dict[str, Any] = {
-        "custom_partitioner_fn": _inductor_partitioner_class()(partition, cache_key),
-    }
-    if recorder is not None:
-        # A cache hit (AOTAutograd's or Inductor's) skips partitioning, and the recorder would
-        # see nothing; with the FX graph cache off both are bypassed. Kernels stay cached.
-        config_patches["fx_graph_cache"] = False
-
     def compile_with_inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        from aot_config import functorch as functorch_flags
+
+        # Inductor's caches key on the partitioner's uuid: our sources, options and flags.
+        cache_key = (_sources_digest(), options.memory_budget, options.solver,
+                     functorch_flags.get_hash().hex())
+        config_patches: dict[str, Any] = {
+            "custom_partitioner_fn": _inductor_partitioner_class()(partition, cache_key),
+        }
+        if recorder is not None:
+            # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder
+            # would see nothing; with the FX graph cache off both are bypassed. Kernels stay
+            # cached.
+            config_patches["fx_graph_cache"] = False
         return _compat.compile_fx()(gm, example_inputs, config_patches=config_patches)
 
     return compile_with_inductor
