@@ -181,3 +181,13 @@ def test_partitioner_reads_our_flags_not_torchs(flag, capture):
         assert saved_names() == baseline
     with functorch_config.patch(aggressive_recomputation=True, ban_recompute_reductions=False):
         assert saved_names() != baseline
+
+
+def test_policy_context_reads_distance_and_view_flags(capture):
+    joint = capture(lambda x: x.sin().cos(), _x(4, 4))
+    info = classify(joint.module, joint.num_fwd_outputs)
+    with functorch_config.patch(max_dist_from_bw=3, recompute_views=True):
+        ctx = P.PolicyContext.create(default_op_types(), info, ALL_ON)
+    assert (ctx.max_dist_from_bw, ctx.recompute_views) == (3, True)
+    ctx = P.PolicyContext.create(default_op_types(), info, ALL_ON)
+    assert (ctx.max_dist_from_bw, ctx.recompute_views) == (1000, False)
