@@ -56,7 +56,7 @@ MODELS: dict[str, dict[str, Any]] = {
 SMOKE_MODELS = {"gpt-1": {"name": "gpt", "layers": 1}}
 BUDGETS = (1.0, 0.8, 0.5, 0.2)
 # The exact whole-graph MILP is run once per budget on graphs up to this many nodes.
-ILP_GRAPH_MAX_NODES = 2500
+ILP_GRAPH_MAX_NODES = 6000
 
 
 @dataclass

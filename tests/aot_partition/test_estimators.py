@@ -89,3 +89,15 @@ def test_unknown_estimator_lists_valid_ones(mlp_joint):
     with pytest.raises(ValueError, match="Unknown runtime estimator 'guess'; valid: flops, "
                                          "profile, testing"):
         estimate_runtime(mm, "guess")
+
+
+@pytest.mark.cuda
+def test_profile_times_on_cuda():
+    inputs = (torch.randn(64, 64, device="cuda", requires_grad=True),
+              torch.randn(64, 64, device="cuda", requires_grad=True),
+              torch.randn(64, 8, device="cuda", requires_grad=True))
+    joint = joint_graph_of(mlp, *inputs)
+    mm = node_by_target(joint, torch.ops.aten.mm)[0]
+    assert mm.meta["val"].is_cuda
+    ms = estimate_runtime(mm, "profile")
+    assert 0.0 < ms < 100.0

@@ -18,13 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._functorch._activation_checkpointing import knapsack as torch_knapsack
 
-weights = st.lists(st.floats(0.0, 0.5, allow_nan=False), min_size=1, max_size=9)
+weights = st.lists(st.floats(0.0, 0.5, allow_nan=False, allow_subnormal=False), min_size=1,
+                   max_size=9)
 
 
 def brute_force(memory, runtimes, max_memory):
     best = 0.0
     for mask in itertools.product((0, 1), repeat=len(memory)):
-        if sum(m for m, b in zip(memory, mask) if b) <= max_memory + 1e-12:
+        if sum(m for m, b in zip(memory, mask) if b) <= max_memory:
             best = max(best, sum(r for r, b in zip(runtimes, mask) if b))
     return best
 
@@ -37,7 +38,7 @@ def check_partition(result, n, memory, max_memory, slack=0.0):
     return value
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_ilp_equals_brute_force(data):
     memory = data.draw(weights)
@@ -50,7 +51,7 @@ def test_ilp_equals_brute_force(data):
     assert value == pytest.approx(sum(runtimes[i] for i in result[1]))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_dp_within_quantization_of_ilp(data):
     memory = data.draw(weights)
@@ -100,7 +101,7 @@ def test_hirschberg_variant_is_optimal_like_the_table(seed):
     assert q[light[1]].sum() <= round(max_memory * QUANTIZATION_SCALE)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(data=st.data())
 def test_greedy_respects_capacity_and_matches_torch(data):
     memory = data.draw(st.lists(st.floats(1e-3, 0.5), min_size=1, max_size=30))

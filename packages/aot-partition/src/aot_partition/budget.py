@@ -11,8 +11,8 @@ runtime-optimal min cut (1.0). The search follows seed 004's ``choose_saved_valu
 
 The knapsack solver is the flag ``activation_memory_budget_solver``: "greedy", "dp", "ilp"
 (see knapsack.py), "dp_graph" (the DP, then a check that accounts for what recomputing needs;
-see graph_aware_knapsack) or "ilp_graph" (the whole save-or-recompute problem as one MILP; see
-ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``.
+see graph_aware_knapsack) or "ilp_graph" (the whole save-or-recompute problem as one MILP, with
+no more saved bytes than the "dp" answer; see ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``.
 """
 
 from __future__ import annotations
@@ -162,11 +162,12 @@ class BudgetSearch:
         self.memories = [node_nbytes(n) / span for n in self.candidates]
         self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
 
-    def knapsack(self, memory_budget: float) -> KnapsackResult:
+    def knapsack(self, memory_budget: float, solver: str | None = None) -> KnapsackResult:
         """(kept runtime, saved indices, recompute indices) over ``candidates``."""
-        if self.solver == "dp_graph":
+        solver = solver or self.solver
+        if solver == "dp_graph":
             return graph_aware_knapsack(self, memory_budget)
-        return _KNAPSACKS[self.solver](self.memories, self.runtimes, max(memory_budget, 0.0))
+        return _KNAPSACKS[solver](self.memories, self.runtimes, max(memory_budget, 0.0))
 
     def _all_runtimes(self) -> list[float]:
         self._escalate()
@@ -182,17 +183,26 @@ class BudgetSearch:
         if memory_budget == 1:
             return list(self.runtime_optimal), 0.0
         self._escalate()
-        if self.solver == "ilp_graph":  # exact: no shortcuts through the escalation cuts
+        if self.solver == "ilp_graph":
             from .ilp_graph import ilp_graph_saved_values
 
-            return ilp_graph_saved_values(self, memory_budget)
+            # The MILP may save no more than the "dp" answer does, so it never loses to it on
+            # memory and only spends what it saves in recompute.
+            reference, reference_runtime = self._escalation_or_knapsack(memory_budget, "dp")
+            found = ilp_graph_saved_values(self, memory_budget,
+                                           max_bytes=_activation_bytes(reference))
+            return found if found is not None else (reference, reference_runtime)
+        return self._escalation_or_knapsack(memory_budget, self.solver)
+
+    def _escalation_or_knapsack(self, memory_budget: float, solver: str
+                                ) -> tuple[list[fx.Node], float]:
         if self.memory_ratio(self.more_aggressive) < memory_budget:
             return list(self.more_aggressive), 0.0
         if self.memory_ratio(self.aggressive) < memory_budget:
             return list(self.aggressive), 0.0
         if not self.candidates:
             return list(self.node_info.inputs) + self.must_save, 0.0
-        kept_runtime, _, recompute_idx = self.knapsack(memory_budget)
+        kept_runtime, _, recompute_idx = self.knapsack(memory_budget, solver)
         dont_ban = {self.candidates[i] for i in recompute_idx}
         assert self.aggressive_options is not None
         saved, _ = solve_min_cut(self.joint_graph, self.node_info, self.aggressive_options,

@@ -8,7 +8,7 @@ indices left free to be recomputed. ``saved_indices`` are in ascending order.
 - ``greedy_knapsack``: by runtime per byte, best first; fast, no optimality guarantee.
 - ``dp_knapsack``: the quantized pseudo-polynomial DP (memory scaled by ``QUANTIZATION_SCALE``
   and rounded, as torch does); vectorized with numpy over the capacity axis and storing only one
-  decision bit per (item, capacity) cell. Large tables switch to a Hirschberg split that keeps
+  decision bit per (item, capacity) cell (bit-packed). Large tables switch to a Hirschberg split that keeps
   O(capacity) memory.
 - ``ilp_knapsack``: the exact answer with HiGHS (``scipy.optimize.milp``).
 """
@@ -93,11 +93,17 @@ def ilp_knapsack(memory: Sequence[float], runtimes: Sequence[float],
     mem, run = _as_arrays(memory, runtimes, max_memory)
     if mem.size == 0:
         return 0.0, [], []
-    result = milp(c=-run, constraints=[LinearConstraint(mem.reshape(1, -1), ub=max_memory)],
+    # HiGHS checks feasibility with an absolute tolerance (1e-7): scale weights to at most 1.
+    unit = float(mem.max()) or 1.0
+    result = milp(c=-run, constraints=[LinearConstraint(mem.reshape(1, -1) / unit,
+                                                        ub=max_memory / unit)],
                   integrality=np.ones_like(run), bounds=Bounds(0, 1))
     if not result.success or result.x is None:
         raise RuntimeError(f"ilp_knapsack: HiGHS found no solution ({result.message})")
-    taken = np.flatnonzero(result.x > 0.5)
+    taken = list(np.flatnonzero(result.x > 0.5))
+    # Whatever the tolerance let through: drop the least runtime per byte until it fits.
+    while taken and mem[taken].sum() > max_memory:
+        taken.remove(min(taken, key=lambda i: run[i] / mem[i] if mem[i] > 0 else np.inf))
     saved, recompute = _split(mem.size, taken)
     return float(run[taken].sum()), saved, recompute
 
@@ -113,7 +119,7 @@ def dp_knapsack(memory: Sequence[float], runtimes: Sequence[float], max_memory: 
     """Quantized DP: optimal for the rounded weights; same answer as torch's ``dp_knapsack``.
 
     Values are accumulated in float32 in item order, as torch does, so ties break the same way.
-    When the decision table (items x capacity bits) would exceed ``table_bytes_limit``, the
+    When the decision table (items x capacity bytes, before bit packing) would exceed ``table_bytes_limit``, the
     Hirschberg variant (O(capacity) memory, about twice the work) runs instead.
     """
     mem, run = _as_arrays(memory, runtimes, max_memory)
@@ -129,27 +135,41 @@ def dp_knapsack(memory: Sequence[float], runtimes: Sequence[float], max_memory: 
         return _hirschberg(q_mem, run, capacity)
     values = run.astype(np.float32)
     row = np.zeros(capacity + 1, dtype=np.float32)
-    taken = np.zeros((n, capacity + 1), dtype=bool)
     candidate = np.empty(capacity + 1, dtype=np.float32)
+    decision = np.zeros(capacity + 1, dtype=bool)
+    # Per item: the first capacity it may change and one bit per capacity from there on (8x
+    # less memory to fault in than bools, 32x less than torch's float rows).
+    firsts = [capacity + 1] * n
+    taken: list[np.ndarray | None] = [None] * n
+    # Backtracking reads row i only at capacities >= capacity - (weight of items after i), so
+    # nothing below that is computed.
+    after = np.concatenate([np.cumsum(q_mem[::-1])[::-1][1:], [0]]).tolist()
+    weights = q_mem.tolist()
     for i in range(n):
-        w = int(q_mem[i])
+        w = weights[i]
+        low = max(capacity - after[i], 0)
         if w > capacity:
             continue
         if w == 0:
             np.add(row, values[i], out=candidate)
-            np.not_equal(candidate, row, out=taken[i])
+            np.not_equal(candidate, row, out=decision)
             row, candidate = candidate, row
+            firsts[i], taken[i] = 0, np.packbits(decision)
             continue
-        tail = candidate[: capacity + 1 - w]
-        np.add(row[: capacity + 1 - w], values[i], out=tail)
-        np.greater(tail, row[w:], out=taken[i, w:])
-        np.maximum(row[w:], tail, out=row[w:])
+        first = max(w, low)
+        tail = candidate[: capacity + 1 - first]
+        np.add(row[first - w: capacity + 1 - w], values[i], out=tail)
+        changed = decision[: capacity + 1 - first]
+        np.greater(tail, row[first:], out=changed)
+        np.maximum(row[first:], tail, out=row[first:])
+        firsts[i], taken[i] = first, np.packbits(changed)
     saved: list[int] = []
     j = capacity
     for i in range(n - 1, -1, -1):
-        if taken[i, j]:
+        bits, k = taken[i], j - firsts[i]
+        if bits is not None and k >= 0 and (bits[k >> 3] >> (7 - (k & 7))) & 1:
             saved.append(i)
-            j -= int(q_mem[i])
+            j -= weights[i]
     saved_sorted, recompute = _split(n, saved)
     return float(row[capacity]), saved_sorted, recompute
 
