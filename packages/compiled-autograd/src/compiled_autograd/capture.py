@@ -394,6 +394,8 @@ class AutogradCompilerInstance:
         else:
             raise RuntimeError(f"accumulate_grad got {1 + len(rest)} arguments; torch "
                                f"{torch.__version__} is not speaking a known protocol")
+        # Resolve (maybe adopt from torch) now: the graph's lookup must be a plain dict hit.
+        functional_ops.get("AccumulateGrad")
         proxy_out = self.fx_tracer.create_proxy("call_function", call_accumulate_grad,
                                                 args=args, kwargs={})
         with disable_proxy_modes_tracing():
