@@ -88,7 +88,15 @@ def main() -> None:
         "torch compiled autograd, cache hit": lambda: torch_compiled_autograd._enable(skip_graph),
         "ours, cache hit": lambda: compiled_autograd.enable(skip_graph),
     }
-    rows, overhead = [], []
+    meta = {"machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
+            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "model": f"gpt layers={args.layers} (aot_pipeline.models defaults)",
+            "steps": args.steps, "warmup": args.warmup}
+    os.makedirs(args.out, exist_ok=True)
+    rows: list[dict] = []
+    overhead: list[dict] = []
     for table, variants in ((rows, runs), (overhead, overhead_runs)):
         for name, context in variants.items():
             compiled_autograd.reset()  # the engine cache ignores compilers: start each clean
@@ -97,17 +105,11 @@ def main() -> None:
             table.append(summarise(name, times, first))
             print(f"{name:40s} median {table[-1]['median_ms']:8.3f} ms  "
                   f"min {table[-1]['min_ms']:8.3f} ms  first step {first:7.2f} s", flush=True)
+            # written after every variant, so a run cut short still leaves its numbers
+            with open(os.path.join(args.out, "compiled_autograd_bench.json"), "w") as f:
+                json.dump({"meta": meta, "backward": rows, "cache_hit_overhead": overhead}, f,
+                          indent=2)
     compiled_autograd.reset()
-
-    meta = {"machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
-            "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "model": f"gpt layers={args.layers} (aot_pipeline.models defaults)",
-            "steps": args.steps, "warmup": args.warmup}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "compiled_autograd_bench.json"), "w") as f:
-        json.dump({"meta": meta, "backward": rows, "cache_hit_overhead": overhead}, f, indent=2)
     markdown = render(meta, rows, overhead)
     print(markdown)
     if args.results:

@@ -228,9 +228,8 @@ def move_cpu_scalars_to_cuda(graph: fx.Graph) -> list[int]:
                 to_move[unpack.args[1]] = unpack
     if not has_cuda:
         return []
-    for unpack in to_move.values():
-        logger.debug("moving CPU scalar input %s to CUDA", unpack.name)
-        unpack.meta["val"] = unpack.meta["val"].cuda()
+    # Only the runtime wrapper moves anything; the graph's metadata is stripped after capture.
+    logger.debug("moving CPU scalar inputs %s to CUDA", [n.name for n in to_move.values()])
     return sorted(to_move)
 
 
