@@ -102,3 +102,34 @@ def test_post_accumulate_grad_hook_returning_a_value_is_an_error():
     with pytest.raises(RuntimeError, match="post-accumulate-grad hook .* must return None"):
         with compiled_autograd.enable(lambda gm: gm):
             (p * 2).sum().backward()
+
+
+def _node_hooks_run(compiled: bool) -> tuple[list, torch.Tensor]:
+    events: list = []
+    torch.manual_seed(0)
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(2, 3)
+    y = torch.tanh(x @ w)
+
+    def pre(grad_outputs):
+        events.append(("pre", grad_outputs[0].detach().clone()))
+        return (grad_outputs[0] * 3,)
+
+    def post(grad_inputs, grad_outputs):
+        events.append(("post", grad_inputs[0].detach().clone()))
+
+    y.grad_fn.register_prehook(pre)
+    y.grad_fn.register_hook(post)
+    context = compiled_autograd.enable(lambda gm: gm) if compiled else torch.enable_grad()
+    with context:
+        y.sum().backward()
+    return events, w.grad
+
+
+def test_node_pre_and_post_hooks_match_eager():
+    want_events, want_grad = _node_hooks_run(compiled=False)
+    got_events, got_grad = _node_hooks_run(compiled=True)
+    assert [n for n, _ in got_events] == [n for n, _ in want_events] == ["pre", "post"]
+    for (_, got), (_, want) in zip(got_events, want_events):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
