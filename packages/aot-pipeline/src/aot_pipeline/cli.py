@@ -191,8 +191,8 @@ def _partition(args: argparse.Namespace) -> int:
         report = explain_partition(joint.module, joint.inputs,
                                    num_fwd_outputs=joint.num_fwd_outputs,
                                    memory_budget=args.memory_budget)
-    print(f"{args.model} ({args.layers} layers), memory budget {report.memory_budget}, "
-          f"solver {report.solver}: {len(report.saved)} saved "
+    print(f"{args.model} ({args.layers} layers), memory budget {report.memory_budget} "
+          f"(knapsack solver {args.solver}; decided by {report.solver}): {len(report.saved)} saved "
           f"({format_bytes(report.saved_bytes)}), {len(report.recomputed)} recomputed")
     for title, decisions in (("saved for backward", report.saved),
                              ("recomputed in backward", report.recomputed)):
