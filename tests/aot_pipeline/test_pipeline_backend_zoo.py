@@ -68,7 +68,7 @@ def test_saved_bytes_are_those_of_the_forward_graph():
         partition.forward) > 0
 
 
-@pytest.mark.parametrize("compiler", ["debug_nop"])
+@pytest.mark.parametrize("compiler", ["debug_nop", "print_compile", "ts_compile"])
 def test_other_graph_compilers_match_eager(compiler):
     assert_matches_eager(make_case("mlp"), lambda m: aot_pipeline.compile(m, compiler=compiler))
 
