@@ -472,8 +472,9 @@ class AutogradCompilerInstance:
         passes.run_all(graph)
         used_sizes = passes.remove_unused_sizes(graph)
         module = GraphModule(self.fx_tracer.root, graph, f"CompiledAutograd{self.id}")
-        graph_logger.info("compiled autograd graph %d:\n%s", self.id,
-                          module.print_readable(print_output=False))
+        if graph_logger.isEnabledFor(logging.INFO):  # printing a big graph is not free
+            graph_logger.info("compiled autograd graph %d:\n%s", self.id,
+                              module.print_readable(print_output=False))
         compiled_fn = self._compile(module)
         runtime_wrapper = _make_runtime_wrapper(used_sizes, to_cuda, self.check_nans)
         return runtime_wrapper, compiled_fn
