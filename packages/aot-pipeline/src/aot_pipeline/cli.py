@@ -55,7 +55,8 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = _Parser(prog=PROG, description="Train the built-in models with the aot_pipeline "
+                     "back end, sweep the memory budget, explain a partition.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="compiler for our forward and backward (default inductor)")
     train.add_argument("--compiled-autograd", action="store_true",
                        help="run our backward through compiled autograd")
-    train.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    train.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="cpu (default) or cuda")
     train.add_argument("--variants", default="eager,inductor,aot_pipeline",
                        help="comma-separated runs (default eager,inductor,aot_pipeline)")
     train.add_argument("--json", type=Path, help="also write the results to this JSON file")
