@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ILP_GRAPH_TIME_LIMIT_S", "ilp_graph_saved_values"]
 
-ILP_GRAPH_TIME_LIMIT_S = 60.0
+ILP_GRAPH_TIME_LIMIT_S = 10.0
 
 
 def _lexicographic_costs(runtimes: np.ndarray, sizes: np.ndarray, estimator: str
@@ -132,7 +132,7 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
     cost = np.concatenate([save_cost[:n], recompute_cost, save_cost[n:]])
     result = milp(c=cost, constraints=constraints, integrality=np.ones(num_vars),
                   bounds=Bounds(lower_bounds, upper),
-                  options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9})
+                  options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
     if result.x is None:
         log.warning("ilp_graph: no feasible answer at budget %.3f (%s)", memory_budget,
                     result.message)
