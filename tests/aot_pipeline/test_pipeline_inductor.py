@@ -51,3 +51,22 @@ def test_inductor_on_cuda_matches_eager():
     case.inputs = tuple(t.cuda() for t in case.inputs)
     assert_matches_eager(case, lambda m: aot_pipeline.compile(m, memory_budget=0.5),
                          atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_compiled_autograd_with_inductor_matches_eager():
+    from zoo import loss_of, run_with_grads
+
+    case = make_case("mlp")
+    reference = case.fresh()
+    _, want, _ = run_with_grads(reference.module, reference.inputs)
+    compiled = aot_pipeline.compile(case.module, compiled_autograd=True)
+    try:
+        compiled.backward(loss_of(compiled(*case.inputs)))
+    except Exception as error:  # the known compiled-autograd bug only; anything else fails
+        if "immutable_list" not in str(error):
+            raise
+        pytest.xfail("compiled-autograd 0.1.0: Dynamo cannot trace its pasted AOT-backward "
+                     "prologue (it mutates an FX immutable_list)")
+    for name, param in case.module.named_parameters():
+        torch.testing.assert_close(param.grad, want[name], atol=1e-4, rtol=1e-3)
