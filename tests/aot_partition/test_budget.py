@@ -33,7 +33,7 @@ def budget_cases():
             yield pytest.param(name, 0.5, solver, id=f"{name}-0.5-{solver}")
 
 
-@pytest.mark.parametrize(("name", "budget", "solver"), budget_cases())
+@pytest.mark.parametrize(("name", "budget", "solver"), list(budget_cases()))
 def test_zoo_matches_eager_under_budget(name, budget, solver, aot_with):
     with functorch_config.patch(activation_memory_budget=budget,
                                 activation_memory_budget_solver=solver):

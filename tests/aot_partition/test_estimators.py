@@ -7,7 +7,7 @@ import torch
 from aot_config import functorch as functorch_config
 from aot_partition import estimators
 from aot_partition.estimators import estimate_runtime
-from functorch.compile import aot_function
+from functorch.compile import aot_function, make_boxed_func
 from torch._functorch.partitioners import default_partition
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -19,7 +19,8 @@ def joint_graph_of(fn, *inputs) -> torch.fx.GraphModule:
         captured["joint"] = joint
         return default_partition(joint, joint_inputs, **kwargs)
 
-    compiled = aot_function(fn, fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g,
+    compiled = aot_function(fn, fw_compiler=lambda g, _: make_boxed_func(g),
+                            bw_compiler=lambda g, _: make_boxed_func(g),
                             partition_fn=capture)
     compiled(*inputs)
     return captured["joint"]
