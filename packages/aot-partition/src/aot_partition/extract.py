@@ -138,6 +138,21 @@ def extract_forward_backward(
     Saved values the backward never reads are dropped; backward state goes straight to the
     backward; tensors flagged ``saved_tensor_with_no_vc_check`` are placed last.
     """
+    fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
+        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+    return (fx.GraphModule(joint_module, fw_graph), fx.GraphModule(joint_module, bw_graph),
+            saved_values, saved_sym_nodes)
+
+
+def extract_forward_backward_graphs(
+    joint_module: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+) -> tuple[fx.Graph, fx.Graph, list[fx.Node], list[fx.Node]]:
+    """Like extract_forward_backward, with bare graphs: passes can still edit them before
+    they are wrapped (building a GraphModule generates and compiles code, so do it once)."""
     graph = joint_module.graph
     fw_outputs, bw_outputs, fw_descs, bw_descs = forward_and_backward_outputs(
         joint_module, num_fwd_outputs)
@@ -167,5 +182,4 @@ def extract_forward_backward(
     for node in bw_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
-    return (fx.GraphModule(joint_module, fw_graph), fx.GraphModule(joint_module, bw_graph),
-            saved_values, saved_sym_nodes)
+    return fw_graph, bw_graph, saved_values, saved_sym_nodes

@@ -23,7 +23,11 @@ from .classify import (
     is_fwd_seed_offset,
     is_primal,
 )
-from .extract import extract_forward_backward, extract_subgraph
+from .extract import (
+    extract_forward_backward,
+    extract_forward_backward_graphs,
+    extract_subgraph,
+)
 from .flags import read_flag
 from .passes import (
     cleanup_recompute_tags,
@@ -34,6 +38,7 @@ from .passes import (
     has_recomputable_rng_ops,
     reorder_backward,
 )
+from .passes.reorder import reorder_backward_graph
 from .policy import MinCutOptions
 from .report import PartitionReport, build_report, log_report
 from .sizes import node_nbytes
@@ -178,12 +183,18 @@ def partition_with_report(
     chosen, solution = _choose_saved_values(joint_graph, node_info, budget)
     saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not _is_assert_only_symbool(n)]
     saved_values = [n for n in chosen if not is_sym_node(n)]
-    fw_module, bw_module, saved_values, saved_sym_nodes = extract_forward_backward(
-        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
     if recompute_annotated and recompute_rng:
+        fw_module, bw_module, saved_values, saved_sym_nodes = extract_forward_backward(
+            joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
         fw_module, bw_module = functionalize_rng_ops(joint_module, fw_module, bw_module,
                                                      len(saved_sym_nodes))
-    bw_module = reorder_backward(bw_module)
+        bw_module = reorder_backward(bw_module)
+    else:
+        fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
+            joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+        reorder_backward_graph(bw_graph)  # before wrapping: one code generation per module
+        fw_module = fx.GraphModule(joint_module, fw_graph)
+        bw_module = fx.GraphModule(joint_module, bw_graph)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, solution, budget)
     log_report(report)
     if read_flag("debug_partitioner"):

@@ -2,7 +2,7 @@
 
 Extraction leaves recomputed forward ops where they sat in the joint graph, i.e. all before
 the backward proper, so their results would stay alive for the whole backward. This pass walks
-the backward from its first tangent user and inserts each op right after pulling in only the
+the backward from its first tangent user and places each op right after pulling in only the
 recomputed ops it needs, which keeps recomputed values short-lived.
 """
 
@@ -14,35 +14,75 @@ import torch.fx as fx
 from ..classify import is_tangent
 
 
-def reorder_backward(bw_module: fx.GraphModule) -> fx.GraphModule:
-    nodes = list(bw_module.graph.nodes)
+def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
+    """The new node order (placeholders first), or None when nothing reads the tangents.
+
+    Nodes before the first tangent user that nothing after it needs are left out.
+    """
     order = {node: i for i, node in enumerate(nodes)}
     first_bw = min((user for t in nodes if is_tangent(t) for user in t.users),
                    key=order.__getitem__, default=None)
-    if first_bw is None:  # gradients independent of the tangents: nothing to reorder
-        return bw_module
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for node in bw_module.graph.find_nodes(op="placeholder"):
-        env[node] = graph.node_copy(node, env.__getitem__)
+    if first_bw is None:
+        return None
+    placed: set[fx.Node] = set()
+    new_order: list[fx.Node] = []
+    for node in nodes:
+        if node.op == "placeholder":
+            placed.add(node)
+            new_order.append(node)
 
-    def insert_with_dependencies(node: fx.Node) -> None:
+    def place_with_dependencies(node: fx.Node) -> None:
         needed: set[fx.Node] = set()
         stack = [node]
         while stack:
             cur = stack.pop()
-            if cur in needed or cur in env:
+            if cur in needed or cur in placed:
                 continue
             needed.add(cur)
             stack.extend(cur.all_input_nodes)
-        for dep in sorted(needed, key=order.__getitem__):
-            env[dep] = graph.node_copy(dep, env.__getitem__)
+        placed.update(needed)
+        new_order.extend(sorted(needed, key=order.__getitem__))
 
     start = order[first_bw]
     # In-place copies (input mutations) may not read the tangents; keep them.
     for node in nodes[:start]:
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
-            insert_with_dependencies(node)
+            place_with_dependencies(node)
     for node in nodes[start:]:
-        insert_with_dependencies(node)
+        place_with_dependencies(node)
+    return new_order
+
+
+def reorder_backward_graph(graph: fx.Graph) -> bool:
+    """Reorder ``graph`` in place (moving nodes, no copies); True if it was reordered.
+
+    Cheaper than building a new graph: the caller wraps the graph in a GraphModule once.
+    """
+    nodes = list(graph.nodes)
+    new_order = _backward_order(nodes)
+    if new_order is None:  # gradients independent of the tangents: nothing to reorder
+        return False
+    kept = set(new_order)
+    # A dropped node's users are all dropped too (any kept user would have pulled it in),
+    # so erasing in reverse graph order never erases a node that still has users.
+    for node in reversed(nodes):
+        if node not in kept:
+            graph.erase_node(node)
+    cursor = graph._root
+    for node in new_order:
+        if cursor.next is not node:
+            cursor.append(node)
+        cursor = node
+    return True
+
+
+def reorder_backward(bw_module: fx.GraphModule) -> fx.GraphModule:
+    """The backward module reordered (a new module), or ``bw_module`` itself if unchanged."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    new_order = _backward_order(list(bw_module.graph.nodes))
+    if new_order is None:
+        return bw_module
+    for node in new_order:
+        env[node] = graph.node_copy(node, env.__getitem__)
     return fx.GraphModule(bw_module, graph)
