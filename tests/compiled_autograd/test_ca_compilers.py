@@ -41,3 +41,19 @@ def test_inductor_compiler_fn_matches_eager_and_hits_the_cache(compare_backward)
     assert compiled_autograd.counters()["captures"] == 1
     assert compiled_autograd.counters()["runs"] == 2
     torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_compiled_forward_with_inductor_backward_matches_eager():
+    """Dynamo traces the pasted AOT backward (its prologue once tripped on FX immutable lists)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    x = torch.randn(3, 4)
+    want = torch.autograd.grad(model(x).sum(), list(model.parameters()))
+    forward = torch.compile(model, backend="aot_eager")
+    with compiled_autograd.enable(compiled_autograd.inductor_compiler):
+        forward(x).sum().backward()
+    for p, w in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, w)
+    torch._dynamo.reset()

@@ -306,7 +306,9 @@ class AutogradCompilerInstance:
 
         @torch._dynamo.allow_in_graph
         def aot_backward_prologue(saved: Any, syms: Any, opaque: Any, grads: Any) -> Any:
-            return prologue(saved, syms, opaque, grads)
+            # Fresh lists: under Dynamo these arrive as FX immutable_lists, and the prologue
+            # edits its argument lists in place.
+            return prologue(list(saved), list(syms), list(opaque), list(grads))
 
         pgrads = self.fx_tracer.create_proxy(
             "call_function", aot_backward_prologue,
