@@ -179,7 +179,8 @@ class BudgetSearch:
         if not self.has_range:  # the optimal cut is already no bigger than the inputs
             return list(self.runtime_optimal), 0.0
         if memory_budget == 0:
-            return list(self.node_info.inputs), float(sum(self._all_runtimes()))
+            runtime = float(sum(self._all_runtimes()))
+            return self._recompute_everything(), runtime
         if memory_budget == 1:
             return list(self.runtime_optimal), 0.0
         self._escalate()
@@ -194,6 +195,16 @@ class BudgetSearch:
             return found if found is not None else (reference, reference_runtime)
         return self._escalation_or_knapsack(memory_budget, self.solver)
 
+    def _recompute_everything(self) -> list[fx.Node]:
+        """Recompute every candidate: save only the inputs, unless MUST_SAVE nodes (annotated,
+        or reading an input updated in place) must stay in the forward; then cut around them."""
+        if not self.must_save:
+            return list(self.node_info.inputs)
+        assert self.aggressive_options is not None
+        saved, _ = solve_min_cut(self.joint_graph, self.node_info, self.aggressive_options,
+                                 set(self.candidates))
+        return saved
+
     def _escalation_or_knapsack(self, memory_budget: float, solver: str
                                 ) -> tuple[list[fx.Node], float]:
         if self.memory_ratio(self.more_aggressive) < memory_budget:
@@ -201,7 +212,7 @@ class BudgetSearch:
         if self.memory_ratio(self.aggressive) < memory_budget:
             return list(self.aggressive), 0.0
         if not self.candidates:
-            return list(self.node_info.inputs) + self.must_save, 0.0
+            return self._recompute_everything(), 0.0
         kept_runtime, _, recompute_idx = self.knapsack(memory_budget, solver)
         dont_ban = {self.candidates[i] for i in recompute_idx}
         assert self.aggressive_options is not None
@@ -240,7 +251,9 @@ def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
     """The values to save under ``memory_budget`` (0.0 to 1.0; see module doc)."""
     memory_budget = validate_memory_budget(memory_budget)
     search = BudgetSearch.prepare(joint_graph, node_info)
-    if memory_budget == 0:  # skip the escalation cuts: only the inputs-vs-optimal size matters
+    if memory_budget == 0 and not any(
+            n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE for n in joint_graph.nodes):
+        # Skip the escalation cuts: only the inputs-vs-optimal size matters.
         return list(node_info.inputs if search.has_range else search.runtime_optimal)
     saved, runtime = search.saved_values(memory_budget)
     if read_flag("visualize_memory_budget_pareto"):

@@ -19,12 +19,8 @@ from .budget import BudgetSearch, validate_memory_budget
 from .classify import classify
 from .draw import plot_pareto
 from .flags import read_flag
-from .passes import (
-    cleanup_recompute_tags,
-    eliminate_common_subexpressions,
-    eliminate_dead_code,
-    has_recomputable_ops,
-)
+from .partitioners import _prepare_joint
+from .passes import cleanup_recompute_tags, has_recomputable_ops
 from .sizes import node_nbytes
 
 log = logging.getLogger(__name__)
@@ -63,10 +59,7 @@ def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None,
     the flag ``visualize_memory_budget_pareto`` on, the front is also written as a PNG.
     """
     del joint_inputs  # accepted for the partition_fn-like signature; shapes come from meta
-    module = copy.deepcopy(joint_module)
-    eliminate_dead_code(module)
-    if read_flag("cse"):
-        eliminate_common_subexpressions(module)
+    module = _prepare_joint(copy.deepcopy(joint_module), num_fwd_outputs)
     if has_recomputable_ops(module):
         cleanup_recompute_tags(module)
     info = classify(module, num_fwd_outputs)

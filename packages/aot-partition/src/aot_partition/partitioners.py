@@ -37,6 +37,7 @@ from .passes import (
     has_recomputable_ops,
     has_recomputable_rng_ops,
     reorder_backward,
+    save_readers_of_mutated_inputs,
 )
 from .passes.reorder import reorder_backward_graph
 from .policy import MinCutOptions
@@ -137,6 +138,7 @@ def _prepare_joint(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.Gra
         _, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
         needed_by_backward = ancestors_within(bw_outputs, set(joint_module.graph.nodes))
         eliminate_common_subexpressions(joint_module, needed_by_backward.__contains__)
+    save_readers_of_mutated_inputs(joint_module)
     return joint_module
 
 

@@ -10,6 +10,7 @@ from .recompute_tags import (
     has_recomputable_rng_ops,
     must_recompute,
     must_save,
+    save_readers_of_mutated_inputs,
 )
 from .reorder import reorder_backward
 from .rng import functionalize_rng_ops
@@ -24,4 +25,5 @@ __all__ = [
     "must_recompute",
     "must_save",
     "reorder_backward",
+    "save_readers_of_mutated_inputs",
 ]
