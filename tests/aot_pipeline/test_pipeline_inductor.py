@@ -61,12 +61,6 @@ def test_compiled_autograd_with_inductor_matches_eager():
     reference = case.fresh()
     _, want, _ = run_with_grads(reference.module, reference.inputs)
     compiled = aot_pipeline.compile(case.module, compiled_autograd=True)
-    try:
-        compiled.backward(loss_of(compiled(*case.inputs)))
-    except Exception as error:  # the known compiled-autograd bug only; anything else fails
-        if "immutable_list" not in str(error):
-            raise
-        pytest.xfail("compiled-autograd 0.1.0: Dynamo cannot trace its pasted AOT-backward "
-                     "prologue (it mutates an FX immutable_list)")
+    compiled.backward(loss_of(compiled(*case.inputs)))
     for name, param in case.module.named_parameters():
         torch.testing.assert_close(param.grad, want[name], atol=1e-4, rtol=1e-3)
