@@ -31,14 +31,12 @@ from .extract import (
 from .flags import read_flag
 from .passes import (
     cleanup_recompute_tags,
-    eliminate_common_subexpressions,
-    eliminate_dead_code,
     functionalize_rng_ops,
     has_recomputable_ops,
     has_recomputable_rng_ops,
     reorder_backward,
-    save_readers_of_mutated_inputs,
 )
+from .passes.cse import eliminate_common_subexpressions_in_graph
 from .passes.reorder import reorder_backward_graph
 from .policy import MinCutOptions
 from .report import PartitionReport, build_report, log_report
@@ -131,14 +129,16 @@ def min_cut_rematerialization_partition(
 
 
 def _prepare_joint(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
-    eliminate_dead_code(joint_module)
+    changed = joint_module.graph.eliminate_dead_code()
     if read_flag("cse"):
         # A forward-only value merged with its backward twin would become one more saved
         # value (torch 2.15 fixed this the same way): keep the two sides apart.
         _, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
         needed_by_backward = ancestors_within(bw_outputs, set(joint_module.graph.nodes))
-        eliminate_common_subexpressions(joint_module, needed_by_backward.__contains__)
-    save_readers_of_mutated_inputs(joint_module)
+        changed |= eliminate_common_subexpressions_in_graph(
+            joint_module.graph, needed_by_backward.__contains__)
+    if changed:  # code generation is costly on big graphs: once for both passes
+        joint_module.recompile()
     return joint_module
 
 

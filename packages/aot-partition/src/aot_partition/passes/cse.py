@@ -61,7 +61,18 @@ def eliminate_common_subexpressions(module: fx.GraphModule,
     epoch so reads before and after it stay distinct. Nodes with different ``keep_apart``
     keys are never merged either.
     """
-    graph = module.graph
+    if eliminate_common_subexpressions_in_graph(module.graph, keep_apart):
+        module.recompile()
+    return module
+
+
+def eliminate_common_subexpressions_in_graph(
+    graph: fx.Graph, keep_apart: Callable[[fx.Node], Hashable] | None = None
+) -> bool:
+    """eliminate_common_subexpressions on a bare graph; True if it merged anything.
+
+    The caller recompiles its module once after all its graph passes.
+    """
     output = next(iter(graph.find_nodes(op="output")))
     output_storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
     env: dict[fx.Node, fx.Node] = {}
@@ -96,6 +107,4 @@ def eliminate_common_subexpressions(module: fx.GraphModule,
         node.replace_all_uses_with(env[node])
     for node in reversed(to_erase):
         graph.erase_node(node)
-    if to_erase:
-        module.recompile()
-    return module
+    return bool(to_erase)
