@@ -85,3 +85,16 @@ def test_missing_extras_are_named(gpt_joint, tmp_path, monkeypatch):
         draw_graph(gpt_joint.module, str(tmp_path / "g.raw"))
     with pytest.raises(ImportError, match=r"aot-partition\[plot\]"):
         plot_pareto({"x": [ParetoPoint(1.0, 0.0, 1.0, 1, 1)]}, str(tmp_path / "p.png"))
+
+
+def test_full_sweep_is_monotone_with_ratios_in_unit_range(capture):
+    # A one-block GPT once gave a negative ratio and more bytes at 0.0 than at 0.05: the seed's
+    # "inputs only" answer for budget 0 is not always the least memory.
+    from aot_pipeline.models import build_model
+
+    built = build_model("gpt", layers=1)
+    joint = capture(built.module, *built.make_inputs())
+    points = memory_budget_pareto(joint.module, None, num_fwd_outputs=joint.num_fwd_outputs)
+    saved = [p.saved_bytes for p in points]
+    assert saved == sorted(saved, reverse=True)
+    assert all(0.0 <= p.memory_ratio <= 1.0 for p in points), [p.memory_ratio for p in points]

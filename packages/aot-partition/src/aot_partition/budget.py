@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -79,6 +79,30 @@ def _storage_key(node: fx.Node) -> object:
 
 def _activation_bytes(nodes: list[fx.Node]) -> int:
     return sum(node_nbytes(n) for n in nodes)
+
+
+def needed_by_backward(search: BudgetSearch, saved: Sequence[fx.Node]) -> list[fx.Node]:
+    """The saved values the backward really reads: those with a path into the backward that
+    does not pass through another saved value (what the extracted forward graph returns).
+
+    The budget search may list every input as saved (budget 0); inputs that no backward
+    computation reaches are dropped when the graphs are extracted, so they cost nothing.
+    """
+    saved_set = set(saved)
+    needed: set[fx.Node] = set()
+    seen: set[fx.Node] = set()
+    pending = list(search.node_info.required_bw)
+    while pending:
+        node = pending.pop()
+        for arg in node.all_input_nodes:
+            if arg in seen:
+                continue
+            seen.add(arg)
+            if arg in saved_set:
+                needed.add(arg)
+            elif arg not in search.node_info.required_bw:
+                pending.append(arg)  # recomputed in the backward: its inputs are needed
+    return [n for n in saved if n in needed]
 
 
 @dataclass
@@ -196,14 +220,18 @@ class BudgetSearch:
         return self._escalation_or_knapsack(memory_budget, self.solver)
 
     def _recompute_everything(self) -> list[fx.Node]:
-        """Recompute every candidate: save only the inputs, unless MUST_SAVE nodes (annotated,
-        or reading an input updated in place) must stay in the forward; then cut around them."""
-        if not self.must_save:
-            return list(self.node_info.inputs)
+        """The least memory: the inputs alone (the seed's answer) or the min-cut with every
+        candidate released, whichever the backward reads fewer bytes of. A small intermediate
+        can be cheaper to save than a big input; MUST_SAVE nodes (annotated, or reading an
+        input updated in place) always stay in the forward, so then only the cut qualifies."""
         assert self.aggressive_options is not None
-        saved, _ = solve_min_cut(self.joint_graph, self.node_info, self.aggressive_options,
-                                 set(self.candidates))
-        return saved
+        cut, _ = solve_min_cut(self.joint_graph, self.node_info, self.aggressive_options,
+                               set(self.candidates))
+        if self.must_save:
+            return cut
+        inputs = list(self.node_info.inputs)
+        cut_bytes = _activation_bytes(needed_by_backward(self, cut))
+        return cut if cut_bytes < _activation_bytes(needed_by_backward(self, inputs)) else inputs
 
     def _escalation_or_knapsack(self, memory_budget: float, solver: str
                                 ) -> tuple[list[fx.Node], float]:
@@ -251,10 +279,6 @@ def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
     """The values to save under ``memory_budget`` (0.0 to 1.0; see module doc)."""
     memory_budget = validate_memory_budget(memory_budget)
     search = BudgetSearch.prepare(joint_graph, node_info)
-    if memory_budget == 0 and not any(
-            n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE for n in joint_graph.nodes):
-        # Skip the escalation cuts: only the inputs-vs-optimal size matters.
-        return list(node_info.inputs if search.has_range else search.runtime_optimal)
     saved, runtime = search.saved_values(memory_budget)
     if read_flag("visualize_memory_budget_pareto"):
         from .pareto import sweep, write_pareto_png

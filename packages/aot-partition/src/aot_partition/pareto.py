@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from .budget import BudgetSearch, validate_memory_budget
+from .budget import BudgetSearch, needed_by_backward, validate_memory_budget
 from .classify import classify
 from .draw import plot_pareto
 from .flags import read_flag
@@ -35,19 +35,30 @@ _figure_ids = itertools.count()
 class ParetoPoint:
     budget: float              # the requested activation memory budget
     recompute_runtime: float   # estimated runtime of the released (recomputed) banned nodes
-    memory_ratio: float        # saved bytes: 0 = inputs only, 1 = runtime-optimal cut
-    saved_bytes: int           # bytes of the saved values (inputs included)
+    memory_ratio: float        # saved bytes: 0 = the budget-0 cut, 1 = runtime-optimal cut
+    saved_bytes: int           # bytes the backward reads (inputs included)
     num_saved: int
 
 
 def sweep(search: BudgetSearch, budgets: Sequence[float] = DEFAULT_BUDGETS) -> list[ParetoPoint]:
-    """A ParetoPoint for each budget, using an already prepared search."""
-    points = []
-    for budget in budgets:
-        saved, runtime = search.saved_values(validate_memory_budget(budget))
-        points.append(ParetoPoint(float(budget), runtime, search.memory_ratio(saved),
-                                  sum(node_nbytes(n) for n in saved), len(saved)))
-    return points
+    """A ParetoPoint for each budget, using an already prepared search.
+
+    Bytes and the memory ratio count what the partition would save (``needed_by_backward``);
+    the ratio runs from the budget-0 answer (0.0) to the runtime-optimal cut (1.0).
+    """
+    chosen = [(float(budget), *search.saved_values(validate_memory_budget(budget)))
+              for budget in budgets]
+    saved_bytes = [_bytes(needed_by_backward(search, saved)) for _, saved, _ in chosen]
+    low = _bytes(needed_by_backward(search, search.saved_values(0.0)[0]))
+    high = _bytes(needed_by_backward(search, search.runtime_optimal))
+    span = high - low
+    return [ParetoPoint(budget, runtime, (nbytes - low) / span if span > 0 else 0.0, nbytes,
+                        len(needed_by_backward(search, saved)))
+            for (budget, saved, runtime), nbytes in zip(chosen, saved_bytes)]
+
+
+def _bytes(nodes: Sequence[fx.Node]) -> int:
+    return sum(node_nbytes(n) for n in nodes)
 
 
 def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None, *,
