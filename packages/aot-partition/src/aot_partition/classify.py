@@ -189,6 +189,9 @@ class NodeInfo:
     fw_order: dict[fx.Node, int]             # position among required_fw, in graph order
     dist_from_bw: dict[fx.Node, int]         # hops to the nearest non-forward user
     static_lifetime_inputs: set[fx.Node] = field(default_factory=set)
+    # Per-node results of the network builder, kept across the solves of one partition
+    # (the memory-budget search builds the network several times); see network.py.
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @functools.cached_property
     def required_fw_nodes(self) -> list[fx.Node]:

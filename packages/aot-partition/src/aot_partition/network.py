@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,18 +51,22 @@ class _Builder:
         self.dont_ban = dont_ban
         self.banned: dict[fx.Node, str] = {}
         self.names = ["source", "sink"]
-        self.index: dict[str, int] = {}
+        # (node, is_out) -> vertex: indices are handed out in first-use order, as by name;
+        # keying by node skips building a name string on every lookup.
+        self.index: dict[tuple[fx.Node, bool], int] = {}
         self.tails: list[int] = []
         self.heads: list[int] = []
         self.caps: list[float] = []
         self.edge_nodes: list[fx.Node | None] = []
         self.reasons: list[str] = []
 
-    def vertex(self, name: str) -> int:
-        if name not in self.index:
-            self.index[name] = len(self.names)
-            self.names.append(name)
-        return self.index[name]
+    def vertex(self, node: fx.Node, is_out: bool) -> int:
+        key = (node, is_out)
+        index = self.index.get(key)
+        if index is None:
+            index = self.index[key] = len(self.names)
+            self.names.append(node.name + ("_out" if is_out else "_in"))
+        return index
 
     def edge(self, tail: int, head: int, cap: float, reason: str,
              node: fx.Node | None = None) -> None:
@@ -91,11 +96,11 @@ class _Builder:
 
 
 def _in(b: _Builder, node: fx.Node) -> int:
-    return b.vertex(node.name + "_in")
+    return b.vertex(node, False)
 
 
 def _out(b: _Builder, node: fx.Node) -> int:
-    return b.vertex(node.name + "_out")
+    return b.vertex(node, True)
 
 
 def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
@@ -121,12 +126,29 @@ def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
     return float(cost if ctx.is_materialized(node) else cost * 2), ""
 
 
+def _per_node_memo(ctx: PolicyContext, kind: str, with_options: bool) -> dict[fx.Node, Any]:
+    """A node -> result cache valid for every context with the same inputs as ``ctx``.
+
+    Save costs and per-node ban reasons read only the node, the classification, the op
+    categories, the flags and (ban reasons) the options, none of which change between the
+    solves of one partition.
+    """
+    key = (kind, id(ctx.op_types), ctx.recompute_views, ctx.treat_params_as_free,
+           ctx.max_dist_from_bw, ctx.options if with_options else None)
+    entry = ctx.node_info.memo.get(key)
+    if entry is None or entry[0] is not ctx.op_types:  # holding op_types keeps its id unique
+        entry = ctx.node_info.memo[key] = (ctx.op_types, {})
+    return entry[1]
+
+
 def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
                   dont_ban: set[fx.Node] | None = None) -> BuiltNetwork:
     """The flow network for ``joint_graph``, with every ban decided and recorded."""
     info = ctx.node_info
     b = _Builder(ctx, dont_ban or set())
     ban = b.ban
+    save_costs = _per_node_memo(ctx, "save_cost", with_options=False)
+    ban_reasons = _per_node_memo(ctx, "ban_reason", with_options=True)
 
     for node in joint_graph.nodes:
         if node.op == "output":
@@ -144,10 +166,16 @@ def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
         elif is_fwd_seed_offset(node):
             ban(node, "forward RNG seed")
         if info.is_required_fw(node):
-            reason = ban_reason(node, ctx)
+            if node in ban_reasons:
+                reason = ban_reasons[node]
+            else:
+                reason = ban_reasons[node] = ban_reason(node, ctx)
             if reason is not None:
                 ban(node, reason)
-        cost, why = save_cost(node, ctx)
+        cost_and_why = save_costs.get(node)
+        if cost_and_why is None:
+            cost_and_why = save_costs[node] = save_cost(node, ctx)
+        cost, why = cost_and_why
         b.edge(_in(b, node), _out(b, node), cost, why or "save cost", node)
         for user in node.users:
             b.edge(_out(b, node), _in(b, user), math.inf, f"{user.name} uses {node.name}")
