@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import (
     find_symbol_binding_fx_nodes,
@@ -27,6 +26,7 @@ from .classify import (
     is_primal,
     is_tangent,
 )
+from .passes.dce import eliminate_dead_code_in_graph
 
 
 def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: Sequence[Any],
@@ -65,18 +65,8 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
     output = graph.output(tuple(values))
     if output_descs is not None and all(d is not None for d in output_descs):
         output.meta["desc"] = list(output_descs)
-    # fx's dead-code elimination asks every node whether it is impure, which is slow; nodes
-    # with users are kept anyway, so only user-less nodes need asking (same result).
-    impure_random = _dead_code_treats_random_as_impure()
-    graph.eliminate_dead_code(lambda n: len(n.users) > 0 or n.is_impure(impure_random))
+    eliminate_dead_code_in_graph(graph)
     return graph
-
-
-def _dead_code_treats_random_as_impure() -> bool:
-    """The ``impure_random`` that fx.Graph.eliminate_dead_code uses (same in 2.11 to 2.15)."""
-    if torch._guards.TracingContext.try_get():
-        return bool(torch._inductor.config.fallback_random)
-    return True
 
 
 def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],

@@ -37,6 +37,7 @@ from .passes import (
     reorder_backward,
 )
 from .passes.cse import eliminate_common_subexpressions_in_graph
+from .passes.dce import eliminate_dead_code_in_graph
 from .passes.reorder import reorder_backward_graph
 from .policy import MinCutOptions
 from .report import PartitionReport, build_report, log_report
@@ -129,7 +130,7 @@ def min_cut_rematerialization_partition(
 
 
 def _prepare_joint(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
-    changed = joint_module.graph.eliminate_dead_code()
+    changed = eliminate_dead_code_in_graph(joint_module.graph)
     if read_flag("cse"):
         # A forward-only value merged with its backward twin would become one more saved
         # value (torch 2.15 fixed this the same way): keep the two sides apart.
