@@ -35,6 +35,7 @@ from .passes import (
     has_recomputable_ops,
     has_recomputable_rng_ops,
     reorder_backward,
+    save_readers_of_mutated_inputs,
 )
 from .passes.cse import eliminate_common_subexpressions_in_graph
 from .passes.dce import eliminate_dead_code_in_graph
@@ -140,6 +141,7 @@ def _prepare_joint(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.Gra
             joint_module.graph, needed_by_backward.__contains__)
     if changed:  # code generation is costly on big graphs: once for both passes
         joint_module.recompile()
+    save_readers_of_mutated_inputs(joint_module)
     return joint_module
 
 
