@@ -21,6 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._dynamo.source import GetItemSource, LocalSource
+from torch._dynamo.utils import set_locals_to_steal
 from torch._subclasses import FakeTensorMode
 from torch.fx import GraphModule
 from torch.fx.experimental._backward_state import BackwardState
@@ -45,7 +46,7 @@ from compiled_autograd.graph_ops import (
     end_of_backward,
     unwrap_maybe_dynamic_int,
 )
-from compiled_autograd.interop import functional_ops
+from compiled_autograd.interop import enter_torch_region, functional_ops, leave_torch_region
 from compiled_autograd.state import STATE, CompilerFactory
 
 logger = logging.getLogger(__name__)
@@ -474,6 +475,9 @@ class AutogradCompilerInstance:
         passes.run_all(graph)
         used_sizes = passes.remove_unused_sizes(graph)
         module = GraphModule(self.fx_tracer.root, graph, f"CompiledAutograd{self.id}")
+        # Dynamo then keeps ``inputs`` as ONE list argument and clears it once unpacked, so
+        # each saved activation is freed as soon as the compiled graph is done with it.
+        set_locals_to_steal(module, ["inputs"])
         if graph_logger.isEnabledFor(logging.INFO):  # printing a big graph is not free
             graph_logger.info("compiled autograd graph %d:\n%s", self.id,
                               module.print_readable(print_output=False))
@@ -527,6 +531,7 @@ def _make_runtime_wrapper(used_sizes: list[int], to_cuda: list[int],
         # The compiled graph must not re-enter compiled autograd (e.g. Dynamo compiling it).
         installed, installed_dynamic = protocol.set_compiler(None, False)
         STATE.in_compiled_region = True
+        region = enter_torch_region()
         try:
             if not isinstance(installed, CompilerFactory):
                 raise ForeignCompilerError(
@@ -536,6 +541,7 @@ def _make_runtime_wrapper(used_sizes: list[int], to_cuda: list[int],
                     "filled it. Call compiled_autograd.reset() before switching.")
             out = compiled_fn(inputs, filtered, scalars, hooks, packed_inputs)
         finally:
+            leave_torch_region(region)
             STATE.in_compiled_region = False
             protocol.set_compiler(installed, installed_dynamic)
         if check_nans:

@@ -118,3 +118,29 @@ def _adopt_from_torch(name: str) -> Callable[..., Any] | None:
     logger.debug("adopting torch's binding of %s", name)
     op = FunctionalOp(name, raw, bool(getattr(found, "is_custom_function", False)))
     return torch._dynamo.allow_in_graph(op)
+
+
+
+def enter_torch_region() -> tuple[Any, bool]:
+    """Raise torch's ``in_compiled_autograd_region`` while one of our graphs runs; returns what
+    :func:`leave_torch_region` needs to restore it (re-entrant: a hook may run a backward).
+
+    Dynamo, AOTAutograd and Inductor read that module global (never an API) to recognise a
+    compiled-autograd backward graph: only with it set does Inductor's input flattening take its
+    pytree-free path for the stolen ``inputs`` list (``torch._dynamo.utils.flatten_graph_inputs``),
+    do parameters count as static inputs, and does Dynamo skip the saved-tensors-hooks guard.
+    Like the ``ops`` mirror above, it is touched only through ``sys.modules``: when torch's module
+    is not loaded, nobody can be reading the flag, and we do nothing.
+    """
+    module = sys.modules.get(_TORCH_MODULE)
+    if module is None:
+        return None, False
+    prior = bool(getattr(module, "in_compiled_autograd_region", False))
+    module.in_compiled_autograd_region = True
+    return module, prior
+
+
+def leave_torch_region(token: tuple[Any, bool]) -> None:
+    module, prior = token
+    if module is not None:
+        module.in_compiled_autograd_region = prior
