@@ -63,6 +63,17 @@ def test_explain_leaves_the_joint_graph_untouched(gpt_joint):
     assert str(gpt_joint.module.graph) == before
 
 
+def test_report_below_budget_one_names_bans_and_both_solvers(gpt_joint):
+    from aot_config import functorch as functorch_config
+
+    with functorch_config.patch(activation_memory_budget_solver="dp", min_cut_solver="scipy"):
+        report = explain_partition(gpt_joint.module, gpt_joint.inputs,
+                                   num_fwd_outputs=gpt_joint.num_fwd_outputs, memory_budget=0.5)
+    assert report.solver == "scipy min-cut, dp budget"
+    assert report.banned, "the final cut's bans (with reasons) belong in the report"
+    assert any(d.reason.startswith("banned:") for d in report.saved)
+
+
 def test_report_explains_annotations(capture):
     joint = capture(lambda x: x.sin().cos().sum(), torch.randn(4, 4, requires_grad=True))
     module = joint.fresh()

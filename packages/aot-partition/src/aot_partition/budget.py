@@ -33,7 +33,7 @@ from .flags import read_flag
 from .knapsack import KnapsackResult, dp_knapsack, greedy_knapsack, ilp_knapsack
 from .policy import MinCutOptions
 from .sizes import node_nbytes
-from .solve import solve_min_cut
+from .solve import MinCutSolution, solve_min_cut_detailed
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,19 @@ class BudgetSearch:
     must_save: list[fx.Node] = field(default_factory=list)
     memories: list[float] = field(default_factory=list)      # normalized to the budget range
     runtimes: list[float] = field(default_factory=list)
+    # Every cut made, by its saved set: the partition report explains the chosen one.
+    solutions: dict[frozenset[fx.Node], MinCutSolution] = field(default_factory=dict)
+
+    def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
+              ) -> tuple[list[fx.Node], list[fx.Node]]:
+        """``solve_min_cut`` that remembers the cut's solution (its bans and their reasons)."""
+        solution = solve_min_cut_detailed(self.joint_graph, self.node_info, options, dont_ban)
+        self.solutions[frozenset(solution.saved_values)] = solution
+        return solution.saved_values, list(solution.banned)
+
+    def solution_for(self, saved: list[fx.Node]) -> MinCutSolution | None:
+        """The min-cut solution that chose ``saved`` (None for the inputs-only answer)."""
+        return self.solutions.get(frozenset(saved))
 
     @classmethod
     def prepare(cls, joint_graph: fx.Graph, node_info: NodeInfo, *, solver: str | None = None,
@@ -141,8 +154,9 @@ class BudgetSearch:
                              f"{', '.join(RUNTIME_ESTIMATORS)} "
                              "(flag activation_memory_budget_runtime_estimator)")
         options = MinCutOptions.from_flags()
-        runtime_optimal, _ = solve_min_cut(joint_graph, node_info, options)
-        search = cls(joint_graph, node_info, solver, estimator, options, runtime_optimal)
+        search = cls(joint_graph, node_info, solver, estimator, options, [])
+        search.runtime_optimal, _ = search.solve(options)
+        runtime_optimal = search.runtime_optimal
         search.min_bytes = _activation_bytes(node_info.inputs)
         search.max_bytes = _activation_bytes(runtime_optimal)
         return search
@@ -164,10 +178,9 @@ class BudgetSearch:
         more_options = replace(self.options, ban_if_used_far_apart=False,
                                ban_if_long_fusible_chains=False,
                                ban_if_materialized_backward=False)
-        self.more_aggressive, _ = solve_min_cut(self.joint_graph, self.node_info, more_options)
+        self.more_aggressive, _ = self.solve(more_options)
         self.aggressive_options = replace(more_options, ban_if_not_in_allowlist=False)
-        self.aggressive, self.aggressive_banned = solve_min_cut(
-            self.joint_graph, self.node_info, self.aggressive_options)
+        self.aggressive, self.aggressive_banned = self.solve(self.aggressive_options)
         self._collect_candidates(self.aggressive_banned)
 
     def _collect_candidates(self, banned: list[fx.Node]) -> None:
@@ -225,7 +238,7 @@ class BudgetSearch:
         can be cheaper to save than a big input; MUST_SAVE nodes (annotated, or reading an
         input updated in place) always stay in the forward, so then only the cut qualifies."""
         assert self.aggressive_options is not None
-        cut, _ = solve_min_cut(self.joint_graph, self.node_info, self.aggressive_options,
+        cut, _ = self.solve(self.aggressive_options,
                                set(self.candidates))
         if self.must_save:
             return cut
@@ -244,7 +257,7 @@ class BudgetSearch:
         kept_runtime, _, recompute_idx = self.knapsack(memory_budget, solver)
         dont_ban = {self.candidates[i] for i in recompute_idx}
         assert self.aggressive_options is not None
-        saved, _ = solve_min_cut(self.joint_graph, self.node_info, self.aggressive_options,
+        saved, _ = self.solve(self.aggressive_options,
                                  dont_ban)
         return saved, float(sum(self.runtimes)) - kept_runtime
 
@@ -264,8 +277,7 @@ def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> Knapsack
     released = set(recompute_idx)
     for _ in range(DP_GRAPH_MAX_REPAIRS + 1):
         dont_ban = {search.candidates[i] for i in released}
-        saved, _ = solve_min_cut(search.joint_graph, search.node_info,
-                                 search.aggressive_options, dont_ban)
+        saved, _ = search.solve(search.aggressive_options, dont_ban)
         if search.memory_ratio(saved) <= memory_budget or not order:
             break
         released.add(order.pop(0))
@@ -277,6 +289,13 @@ def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> Knapsack
 def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
                             memory_budget: float) -> list[fx.Node]:
     """The values to save under ``memory_budget`` (0.0 to 1.0; see module doc)."""
+    return choose_saved_values_with_solution(joint_graph, node_info, memory_budget)[0]
+
+
+def choose_saved_values_with_solution(
+    joint_graph: fx.Graph, node_info: NodeInfo, memory_budget: float,
+) -> tuple[list[fx.Node], MinCutSolution | None, str]:
+    """(saved values, the min-cut solution that chose them or None, the budget solver name)."""
     memory_budget = validate_memory_budget(memory_budget)
     search = BudgetSearch.prepare(joint_graph, node_info)
     saved, runtime = search.saved_values(memory_budget)
@@ -286,4 +305,4 @@ def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
         write_pareto_png(sweep(search), search.solver)
     log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
              memory_budget, search.solver, search.memory_ratio(saved), runtime)
-    return saved
+    return saved, search.solution_for(saved), search.solver

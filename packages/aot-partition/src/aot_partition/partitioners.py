@@ -6,6 +6,7 @@ Both have torch's ``partition_fn`` signature, so either drops into ``aot_functio
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 from collections.abc import Sequence
@@ -159,9 +160,14 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     if budget == 1.0:
         solution = solve_min_cut_detailed(joint_graph, node_info, MinCutOptions.from_flags())
         return solution.saved_values, solution
-    from .budget import choose_saved_values_set
+    from .budget import choose_saved_values_with_solution
 
-    return list(choose_saved_values_set(joint_graph, node_info, budget)), None
+    saved, solution, budget_solver = choose_saved_values_with_solution(joint_graph, node_info,
+                                                                       budget)
+    if solution is not None:  # say both solvers in the report: e.g. "scipy min-cut, dp budget"
+        solution = dataclasses.replace(
+            solution, solver=f"{solution.solver} min-cut, {budget_solver} budget")
+    return list(saved), solution
 
 
 def partition_with_report(

@@ -108,7 +108,7 @@ def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
         banned={n.name: why for n, why in banned.items()},
         memory_budget=memory_budget,
         saved_bytes=saved_bytes,
-        solver=solution.solver if solution is not None else "knapsack",
+        solver=solution.solver if solution is not None else "inputs only",
     )
 
 
