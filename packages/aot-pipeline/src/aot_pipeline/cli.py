@@ -168,7 +168,7 @@ def _pareto(args: argparse.Namespace) -> int:
         ["budget", "memory ratio", "saved bytes", "recompute runtime"],
         [[f"{p.budget:.3f}", f"{p.memory_ratio:.3f}", _saved_bytes_cell(p),
           f"{p.recompute_runtime:.4g}"] for p in points]))
-    print("memory ratio: saved bytes between 0 (only the inputs) and 1 (the runtime-optimal "
+    print("memory ratio: saved bytes between 0 (the least-memory cut, budget 0) and 1 (the runtime-optimal "
           "cut); recompute runtime: estimated cost of what the backward recomputes")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     plot_pareto({args.model: points}, args.output)
