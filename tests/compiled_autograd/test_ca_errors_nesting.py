@@ -102,14 +102,17 @@ def test_unparseable_version_is_refused():
         protocol.protocol_for("nightly")
 
 
-def test_torch_own_compiled_autograd_flag_conflicts(monkeypatch):
+def test_torch_own_compiled_autograd_flag_conflicts():
     import torch._dynamo.config
 
-    monkeypatch.setattr(torch._dynamo.config, "compiled_autograd", True)
-    with pytest.raises(compiled_autograd.CompiledAutogradConflictError,
-                       match="torch._dynamo.config.compiled_autograd is True"):
-        with compiled_autograd.enable(lambda gm: gm):
-            pass
+    # config.patch, not monkeypatch: monkeypatch's undo deletes the entry from torch's config
+    # module, and every later Dynamo trace then fails on the missing flag.
+    with torch._dynamo.config.patch(compiled_autograd=True):
+        with pytest.raises(compiled_autograd.CompiledAutogradConflictError,
+                           match="torch._dynamo.config.compiled_autograd is True"):
+            with compiled_autograd.enable(lambda gm: gm):
+                pass
+    assert torch._dynamo.config.compiled_autograd is False
     assert not compiled_autograd.is_enabled()
 
 
