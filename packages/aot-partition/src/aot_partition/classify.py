@@ -54,9 +54,19 @@ def is_primal(node: fx.Node) -> bool:
     )
 
 
+_PACKETS: dict[Any, Any] = {}  # target -> packet: the policy asks tens of thousands of times
+
+
 def aten_packet(node: fx.Node) -> Any:
     """The OpOverloadPacket of an aten op (``aten.add`` for ``aten.add.Tensor``), else target."""
-    return getattr(node.target, "overloadpacket", node.target)
+    target = node.target
+    try:
+        return _PACKETS[target]
+    except KeyError:
+        packet = _PACKETS[target] = getattr(target, "overloadpacket", target)
+        return packet
+    except TypeError:  # an unhashable target
+        return getattr(target, "overloadpacket", target)
 
 
 def is_random(node: fx.Node) -> bool:
