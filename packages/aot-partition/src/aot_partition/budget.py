@@ -27,8 +27,9 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .classify import NodeInfo
+from .classify import NodeInfo, is_bwd_seed_offset, is_tangent
 from .estimators import RUNTIME_ESTIMATORS, estimate_runtime
+from .extract import used_backward_inputs
 from .flags import read_flag
 from .knapsack import KnapsackResult, dp_knapsack, greedy_knapsack, ilp_knapsack
 from .policy import MinCutOptions
@@ -82,27 +83,16 @@ def _activation_bytes(nodes: list[fx.Node]) -> int:
 
 
 def needed_by_backward(search: BudgetSearch, saved: Sequence[fx.Node]) -> list[fx.Node]:
-    """The saved values the backward really reads: those with a path into the backward that
-    does not pass through another saved value (what the extracted forward graph returns).
+    """The saved values the backward really reads: what extraction keeps of ``saved``.
 
     The budget search may list every input as saved (budget 0); inputs that no backward
     computation reaches are dropped when the graphs are extracted, so they cost nothing.
     """
-    saved_set = set(saved)
-    needed: set[fx.Node] = set()
-    seen: set[fx.Node] = set()
-    pending = list(search.node_info.required_bw)
-    while pending:
-        node = pending.pop()
-        for arg in node.all_input_nodes:
-            if arg in seen:
-                continue
-            seen.add(arg)
-            if arg in saved_set:
-                needed.add(arg)
-            elif arg not in search.node_info.required_bw:
-                pending.append(arg)  # recomputed in the backward: its inputs are needed
-    return [n for n in saved if n in needed]
+    backward_inputs = [n for n in search.joint_graph.find_nodes(op="placeholder")
+                       if is_tangent(n) or is_bwd_seed_offset(n)]
+    used = used_backward_inputs(search.joint_graph, [*saved, *backward_inputs],
+                                search.node_info.bw_outputs)
+    return [n for n in saved if n in used]
 
 
 @dataclass

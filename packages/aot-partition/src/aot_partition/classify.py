@@ -199,6 +199,7 @@ class NodeInfo:
     fw_order: dict[fx.Node, int]             # position among required_fw, in graph order
     dist_from_bw: dict[fx.Node, int]         # hops to the nearest non-forward user
     static_lifetime_inputs: set[fx.Node] = field(default_factory=set)
+    bw_outputs: list[fx.Node] = field(default_factory=list)  # the gradients, in output order
     # Per-node results of the network builder, kept across the solves of one partition
     # (the memory-budget search builds the network several times); see network.py.
     memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -292,6 +293,7 @@ def classify(
         fw_order=fw_order,
         dist_from_bw=distances_from_backward(nodes, required_fw),
         static_lifetime_inputs={p for i, p in enumerate(primals) if i in static_indices},
+        bw_outputs=[o for o in bw_outputs if isinstance(o, fx.Node)],
     )
 
 
