@@ -85,6 +85,57 @@ def test_dp_gives_torchs_answer(seed):
     assert ours[0] == pytest.approx(theirs[0], rel=1e-6)
 
 
+def _hard_instance(seed):
+    """Instances where bound-fixing could go wrong: ties, duplicates, zero weights and values,
+    values spread over 15 orders of magnitude (float32 absorbs the small ones)."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 300))
+    kind = seed % 5
+    memory = rng.random(n) * rng.uniform(1, 5) / n
+    runtimes = rng.integers(1, 10**7, n).astype(float)
+    if kind == 0:
+        memory[rng.random(n) < 0.1] = 0.0
+        runtimes[rng.random(n) < 0.1] = 0.0
+    elif kind == 1:
+        memory = np.round(memory * 2000) / 2000  # many equal weights
+    elif kind == 2:
+        runtimes = rng.integers(1, 5, n).astype(float)  # many equal sums
+    elif kind == 3:
+        runtimes = rng.random(n) * 10 ** rng.uniform(-3, 12, n)
+    else:
+        half = n // 2  # every item twice
+        memory[half:2 * half] = memory[:half]
+        runtimes[half:2 * half] = runtimes[:half]
+    return memory.tolist(), runtimes.tolist(), float(rng.uniform(0, sum(memory) * 1.1))
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_dp_gives_torchs_answer_on_hard_instances(seed):
+    memory, runtimes, max_memory = _hard_instance(seed)
+    ours = dp_knapsack(memory, runtimes, max_memory)
+    theirs = torch_knapsack.dp_knapsack(memory, runtimes, max_memory)
+    assert ours[1] == sorted(theirs[1])
+    assert np.float32(ours[0]) == np.float32(theirs[0])
+
+
+def test_bounds_settle_most_items_of_a_large_instance():
+    """The speed of dp_knapsack comes from items the LP bounds settle; keep it that way, and
+    the settled items must agree with the full table's answer."""
+    from aot_partition.knapsack import ALWAYS, NEVER, _fix_items, _quantize
+
+    rng = np.random.default_rng(0)
+    memory = rng.random(500) * 4 / 500
+    runtimes = rng.integers(1, 10**7, 500).astype(float)
+    for max_memory in (0.2, 0.5, 0.9):
+        q_mem, capacity = _quantize(memory, max_memory, QUANTIZATION_SCALE)
+        status = _fix_items(q_mem, runtimes, capacity)
+        assert (status != 0).mean() > 0.5, max_memory
+        saved = set(torch_knapsack.dp_knapsack(memory.tolist(), runtimes.tolist(),
+                                               max_memory)[1])
+        assert all(i in saved for i in np.flatnonzero(status == ALWAYS).tolist())
+        assert not any(i in saved for i in np.flatnonzero(status == NEVER).tolist())
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_hirschberg_variant_is_optimal_like_the_table(seed):
     rng = np.random.default_rng(100 + seed)

@@ -7,8 +7,9 @@ indices left free to be recomputed. ``saved_indices`` are in ascending order.
 
 - ``greedy_knapsack``: by runtime per byte, best first; fast, no optimality guarantee.
 - ``dp_knapsack``: the quantized pseudo-polynomial DP (memory scaled by ``QUANTIZATION_SCALE``
-  and rounded, as torch does); vectorized with numpy over the capacity axis and storing only one
-  decision bit per (item, capacity) cell (bit-packed). Large tables switch to a Hirschberg split that keeps
+  and rounded, as torch does); LP bounds first settle the items whose choice is certain, the
+  rest go through a table vectorized with numpy over the capacity axis, storing one decision
+  bit per (item, capacity) cell. Large tables switch to a Hirschberg split that keeps
   O(capacity) memory.
 - ``ilp_knapsack``: the exact answer with HiGHS (``scipy.optimize.milp``).
 """
@@ -119,8 +120,10 @@ def dp_knapsack(memory: Sequence[float], runtimes: Sequence[float], max_memory: 
     """Quantized DP: optimal for the rounded weights; same answer as torch's ``dp_knapsack``.
 
     Values are accumulated in float32 in item order, as torch does, so ties break the same way.
-    When the decision table (items x capacity bytes, before bit packing) would exceed ``table_bytes_limit``, the
-    Hirschberg variant (O(capacity) memory, about twice the work) runs instead.
+    Items that bounds prove to be in every optimal choice, or in none, skip the table (see
+    ``_fix_items``); the rest go through it. When the decision table (items x capacity bytes,
+    before bit packing) would exceed ``table_bytes_limit``, the Hirschberg variant (O(capacity)
+    memory, about twice the work) runs instead.
     """
     mem, run = _as_arrays(memory, runtimes, max_memory)
     n = mem.size
@@ -129,49 +132,127 @@ def dp_knapsack(memory: Sequence[float], runtimes: Sequence[float], max_memory: 
     q_mem, capacity = _quantize(mem, max_memory, scale)
     if capacity < 0:
         return 0.0, [], list(range(n))
-    if n * (capacity + 1) > table_bytes_limit:
+    status = _fix_items(q_mem, run, capacity)
+    if int((status == 0).sum()) * (capacity + 1) > table_bytes_limit:
         log.debug("dp_knapsack: %d items x %d capacity; using the Hirschberg variant",
                   n, capacity)
         return _hirschberg(q_mem, run, capacity)
-    values = run.astype(np.float32)
-    row = np.zeros(capacity + 1, dtype=np.float32)
-    candidate = np.empty(capacity + 1, dtype=np.float32)
-    decision = np.zeros(capacity + 1, dtype=bool)
-    # Per item: the first capacity it may change and one bit per capacity from there on (8x
-    # less memory to fault in than bools, 32x less than torch's float rows).
-    firsts = [capacity + 1] * n
-    taken: list[np.ndarray | None] = [None] * n
-    # Backtracking reads row i only at capacities >= capacity - (weight of items after i), so
-    # nothing below that is computed.
-    after = np.concatenate([np.cumsum(q_mem[::-1])[::-1][1:], [0]]).tolist()
+    value, saved = _dp_table(q_mem, run.astype(np.float32), status, capacity)
+    saved_sorted, recompute = _split(n, saved)
+    return value, saved_sorted, recompute
+
+
+ALWAYS, NEVER, UNDECIDED = 1, -1, 0
+
+
+def _fix_items(q_mem: np.ndarray, run: np.ndarray, capacity: int) -> np.ndarray:
+    """Per item: ALWAYS (in every optimal choice), NEVER (in none) or UNDECIDED.
+
+    The bounds of Dembo and Hammer: with the items sorted by value per weight, the LP
+    relaxation fills the capacity greedily and takes a fraction of the first item that no
+    longer fits (ratio r). Forcing out an item of ratio r_i > r costs the LP at least
+    (r_i - r) * w_i; forcing in one of ratio r_j < r costs at least (r - r_j) * w_j. When
+    that drops the LP bound below a choice we already have (the greedy fill), the item's
+    fate is settled.
+
+    The DP compares float32 sums, which may be off by (n + 1) float32 roundings each;
+    bounds are only trusted beyond that margin, so the items fixed here are fixed in
+    torch's float32 DP too, and dropping them changes no comparison it makes.
+    """
+    n = q_mem.size
+    status = np.zeros(n, dtype=np.int8)
+    positive = q_mem > 0
+    # Negative values and capacity for everything: rare, left to the plain DP.
+    if run.min() < 0 or int(q_mem[positive].sum()) <= capacity:
+        return status
+    items = np.flatnonzero(positive)
+    ratios = run[items] / q_mem[items]
+    by_ratio = np.argsort(-ratios, kind="stable")
+    items, ratios = items[by_ratio], ratios[by_ratio]
+    cum_weight = np.cumsum(q_mem[items])
+    critical = int(np.searchsorted(cum_weight, capacity, side="right"))  # the first misfit
+    prefix_weight = int(cum_weight[critical - 1]) if critical else 0
+    prefix_value = float(run[items[:critical]].sum())
+    upper = prefix_value + (capacity - prefix_weight) * float(ratios[critical])
+    lower = prefix_value + _greedy_fill(q_mem[items[critical:]].tolist(),
+                                        run[items[critical:]].tolist(),
+                                        capacity - prefix_weight)
+    eps = 2.0 * (n + 2) * 2.0**-24
+    slack = upper - lower * (1 - eps) / (1 + eps) + 1e-9 * abs(upper)
+    loss = np.abs(ratios - ratios[critical]) * q_mem[items]  # LP cost of the flipped choice
+    decided = loss > slack
+    decided[critical] = False
+    status[items[:critical][decided[:critical]]] = ALWAYS
+    status[items[critical:][decided[critical:]]] = NEVER
+    return status
+
+
+def _greedy_fill(weights: list[int], values: list[float], room: int) -> float:
+    total = 0.0
+    for w, v in zip(weights, values):
+        if w <= room:
+            room -= w
+            total += v
+    return total
+
+
+def _dp_table(q_mem: np.ndarray, values: np.ndarray, status: np.ndarray,
+              capacity: int) -> tuple[float, list[int]]:
+    """(best value, saved items) of the float32 DP over the UNDECIDED items, with every
+    ALWAYS item taken and every NEVER item left out.
+
+    ``row[t]`` holds the best value at capacity ``t + taken``, where ``taken`` is the weight
+    of the ALWAYS items so far: taking one is then ``row += value``, no shift. Each row is
+    computed only from the lowest capacity backtracking can still reach.
+    """
+    n = q_mem.size
     weights = q_mem.tolist()
+    states = status.tolist()
+    forced_weight = int(q_mem[status == ALWAYS].sum())
+    top = capacity - forced_weight  # the last index of row
+    undecided_weight = np.where(status == UNDECIDED, q_mem, 0)
+    after = np.concatenate([np.cumsum(undecided_weight[::-1])[::-1][1:], [0]])
+    lows = np.maximum(top - after, 0).tolist()
+    row = np.zeros(top + 1, dtype=np.float32)
+    candidate = np.empty(top + 1, dtype=np.float32)
+    decision = np.zeros(top + 1, dtype=bool)
+    # Per item: the first index it may change and one bit per index from there on (8x
+    # less memory to fault in than bools, 32x less than torch's float rows).
+    firsts = [top + 1] * n
+    taken: list[np.ndarray | None] = [None] * n
     for i in range(n):
-        w = weights[i]
-        low = max(capacity - after[i], 0)
-        if w > capacity:
+        if states[i] == NEVER:
+            continue
+        w, low = weights[i], lows[i]
+        if states[i] == ALWAYS:
+            np.add(row[low:], values[i], out=row[low:])
+            continue
+        if w > top:
             continue
         if w == 0:
-            np.add(row, values[i], out=candidate)
-            np.not_equal(candidate, row, out=decision)
-            row, candidate = candidate, row
-            firsts[i], taken[i] = 0, np.packbits(decision)
+            np.add(row[low:], values[i], out=candidate[low:])
+            np.not_equal(candidate[low:], row[low:], out=decision[low:])
+            row, candidate = candidate, row  # below `low` neither is read again
+            firsts[i], taken[i] = low, np.packbits(decision[low:])
             continue
         first = max(w, low)
-        tail = candidate[: capacity + 1 - first]
-        np.add(row[first - w: capacity + 1 - w], values[i], out=tail)
-        changed = decision[: capacity + 1 - first]
+        tail = candidate[: top + 1 - first]
+        np.add(row[first - w: top + 1 - w], values[i], out=tail)
+        changed = decision[: top + 1 - first]
         np.greater(tail, row[first:], out=changed)
         np.maximum(row[first:], tail, out=row[first:])
         firsts[i], taken[i] = first, np.packbits(changed)
     saved: list[int] = []
-    j = capacity
+    t = top
     for i in range(n - 1, -1, -1):
-        bits, k = taken[i], j - firsts[i]
+        if states[i] == ALWAYS:
+            saved.append(i)  # its weight is already outside the row's index
+            continue
+        bits, k = taken[i], t - firsts[i]
         if bits is not None and k >= 0 and (bits[k >> 3] >> (7 - (k & 7))) & 1:
             saved.append(i)
-            j -= weights[i]
-    saved_sorted, recompute = _split(n, saved)
-    return float(row[capacity]), saved_sorted, recompute
+            t -= weights[i]
+    return float(row[top]), saved
 
 
 def _best_profile(q_mem: np.ndarray, values: np.ndarray, items: np.ndarray,
