@@ -6,6 +6,13 @@ is not timed), saved activation bytes and tensor count, recompute FLOPs (FLOPs o
 plus backward graphs, counted on meta tensors, minus the joint graph's = eager's), and the
 ratios ours/torch. A second table times ``dp_knapsack`` against torch's on 500 items.
 
+Two settings (``--graph-modules``): ``lazy`` is how torch.compile runs a partitioner (Dynamo's
+``use_lazy_graph_module``, on by default: the joint and the modules built from it generate
+their Python code on first use, which Inductor never asks for); ``eager`` is a direct
+``aot_function`` call, where every GraphModule built or recompiled generates its code at once.
+Each timed run starts after ``gc.collect()``, so a collection owed by the previous run's
+garbage is not billed to the next one.
+
 Writes ``benchmarks/out/partition_bench.json``, ``.md`` and one Pareto PNG per model, and (not
 with --smoke) copies the markdown into ``benchmarks/RESULTS-partition.md``.
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import gc
 import json
 import os
 import platform
@@ -44,6 +52,7 @@ from torch._functorch.partitioners import default_partition
 from torch._functorch.partitioners import (
     min_cut_rematerialization_partition as torch_min_cut_partition,
 )
+from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -76,6 +85,7 @@ class Row:
     nodes: int
     budget: float
     partitioner: str          # "ours", "torch", "ours:<solver>"
+    graph_modules: str        # "lazy" (as inside torch.compile) or "eager"
     seconds: float
     saved_bytes: int
     saved_tensors: int
@@ -118,29 +128,41 @@ def saved_tensors(fw: fx.GraphModule, num_fwd_outputs: int) -> tuple[int, int]:
     return nbytes, count
 
 
-def run_partitioner(joint: Joint, budget: float, who: str, repeats: int) -> Row:
+def run_partitioner(joint: Joint, budget: float, who: str, repeats: int,
+                    graph_modules: str = "lazy") -> Row:
     solver = who.split(":", 1)[1] if ":" in who else "dp"
+    lazy = graph_modules == "lazy"
     times = []
     fw = bw = None
     for _ in range(repeats):
         module = joint.fresh()
-        if who == "torch":
-            with torch_config.patch(activation_memory_budget=budget):
-                start = time.perf_counter()
-                fw, bw = torch_min_cut_partition(module, joint.inputs,
-                                                 num_fwd_outputs=joint.num_fwd_outputs)
-        else:
-            with functorch_config.patch(activation_memory_budget=budget,
-                                        activation_memory_budget_solver=solver):
-                start = time.perf_counter()
-                fw, bw = min_cut_rematerialization_partition(
-                    module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
-        times.append(time.perf_counter() - start)
+        if lazy:  # the joint torch.compile hands over is lazy too
+            module = _LazyGraphModule(module, module.graph)
+        gc.collect()
+        with _use_lazy_graph_module(lazy):
+            fw, bw = _timed_partition(module, joint, budget, who, solver, times)
     assert fw is not None and bw is not None
     nbytes, count = saved_tensors(fw, joint.num_fwd_outputs)
     recompute = graph_flops(fw) + graph_flops(bw) - graph_flops(joint.module)
-    return Row(joint.label, len(joint.module.graph.nodes), budget, who,
+    return Row(joint.label, len(joint.module.graph.nodes), budget, who, graph_modules,
                statistics.median(times), nbytes, count, recompute)
+
+
+def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: str, solver: str,
+                     times: list[float]) -> tuple[fx.GraphModule, fx.GraphModule]:
+    if who == "torch":
+        with torch_config.patch(activation_memory_budget=budget):
+            start = time.perf_counter()
+            fw, bw = torch_min_cut_partition(module, joint.inputs,
+                                             num_fwd_outputs=joint.num_fwd_outputs)
+    else:
+        with functorch_config.patch(activation_memory_budget=budget,
+                                    activation_memory_budget_solver=solver):
+            start = time.perf_counter()
+            fw, bw = min_cut_rematerialization_partition(
+                module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+    times.append(time.perf_counter() - start)
+    return fw, bw
 
 
 def knapsack_rows(items: int, repeats: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -177,12 +199,16 @@ def markdown(rows: list[Row], knap: list[dict[str, Any]], meta: dict[str, Any]) 
         f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}; "
         f"median of {meta['repeats']} runs on fresh copies of each joint graph.",
         "Recompute FLOPs = FLOPs(forward graph + backward graph) - FLOPs(joint graph).",
+        "Graph modules: `lazy` as inside torch.compile (code generated on first use), `eager` "
+        "as in a direct aot_function call.",
         "",
-        "| model | nodes | budget | partitioner | time s | saved bytes | saved tensors | "
-        "recompute GFLOP | time ours/torch | bytes ours/torch | recompute ours/torch |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | nodes | budget | graph modules | partitioner | time s | saved bytes | "
+        "saved tensors | recompute GFLOP | time ours/torch | bytes ours/torch | "
+        "recompute ours/torch |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    torch_rows = {(r.model, r.budget): r for r in rows if r.partitioner == "torch"}
+    torch_rows = {(r.model, r.budget, r.graph_modules): r for r in rows
+                  if r.partitioner == "torch"}
 
     def ratio(a: float, b: float) -> str:
         if b == 0:
@@ -190,11 +216,12 @@ def markdown(rows: list[Row], knap: list[dict[str, Any]], meta: dict[str, Any]) 
         return f"{a / b:.3f}"
 
     for r in rows:
-        t = torch_rows.get((r.model, r.budget))
+        t = torch_rows.get((r.model, r.budget, r.graph_modules))
         ratios = ["", "", ""] if t is None or r is t else [
             ratio(r.seconds, t.seconds), ratio(r.saved_bytes, t.saved_bytes),
             ratio(r.recompute_flops, t.recompute_flops)]
-        lines.append(f"| {r.model} | {r.nodes} | {r.budget} | {r.partitioner} | "
+        lines.append(f"| {r.model} | {r.nodes} | {r.budget} | {r.graph_modules} | "
+                     f"{r.partitioner} | "
                      f"{r.seconds:.3f} | {r.saved_bytes} | {r.saved_tensors} | "
                      f"{r.recompute_flops / 1e9:.6f} | " + " | ".join(ratios) + " |")
     lines += ["", "### dp_knapsack: ours vs torch", "",
@@ -211,8 +238,9 @@ def pareto_pngs(rows: list[Row], out_dir: str) -> list[str]:
     from aot_partition.draw import plot_pareto
 
     paths = []
+    first_mode = rows[0].graph_modules if rows else "lazy"  # the same cuts in both modes
     for model in dict.fromkeys(r.model for r in rows):
-        mine = [r for r in rows if r.model == model]
+        mine = [r for r in rows if r.model == model and r.graph_modules == first_mode]
         full = max(r.saved_bytes for r in mine) or 1
         series: dict[str, list[ParetoPoint]] = {}
         for r in mine:
@@ -235,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated subset of {', '.join(MODELS)}")
     parser.add_argument("--solvers", default="dp_graph,ilp_graph",
                         help="extra budget solvers of ours to run besides the default 'dp'")
+    parser.add_argument("--graph-modules", default="lazy,eager",
+                        help="comma-separated settings to time: lazy (as in torch.compile), "
+                             "eager (a direct aot_function call); extra solvers run in the first")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.smoke:
@@ -243,20 +274,26 @@ def main(argv: list[str] | None = None) -> int:
         models = {k: MODELS[k] for k in args.models.split(",")}
         budgets, repeats = BUDGETS, args.repeats
         extra = [s for s in args.solvers.split(",") if s]
+    modes = [m for m in args.graph_modules.split(",") if m]
+    if not modes or set(modes) - {"lazy", "eager"}:
+        parser.error(f"--graph-modules takes lazy and/or eager, got {args.graph_modules!r}")
+    if args.smoke:
+        modes = modes[:1]
 
     rows: list[Row] = []
     jobs = []
     for label, spec in models.items():
         joint = capture_joint(label, spec)
-        for budget in budgets:
-            whos = ["torch", "ours"]
-            if budget < 1.0:
-                whos += [f"ours:{s}" for s in extra
-                         if s != "ilp_graph" or len(joint.module.graph.nodes) <= ILP_GRAPH_MAX_NODES]
-            jobs += [(joint, budget, who) for who in whos]
-    for joint, budget, who in tqdm(jobs, desc="partitioning", file=sys.stderr):
+        for mode in modes:
+            for budget in budgets:
+                whos = ["torch", "ours"]
+                if budget < 1.0 and mode == modes[0]:
+                    whos += [f"ours:{s}" for s in extra if s != "ilp_graph"
+                             or len(joint.module.graph.nodes) <= ILP_GRAPH_MAX_NODES]
+                jobs += [(joint, budget, who, mode) for who in whos]
+    for joint, budget, who, mode in tqdm(jobs, desc="partitioning", file=sys.stderr):
         reps = 1 if who.startswith("ours:") else repeats
-        rows.append(run_partitioner(joint, budget, who, reps))
+        rows.append(run_partitioner(joint, budget, who, reps, mode))
 
     knap = knapsack_rows(500 if not args.smoke else 100, 1 if args.smoke else 5)
     meta = {

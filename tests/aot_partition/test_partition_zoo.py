@@ -84,3 +84,37 @@ def test_partitioners_accept_static_lifetime_input_indices(capture):
                            static_lifetime_input_indices=[0, 1])
         assert fw.graph.find_nodes(op="output") and bw.graph.find_nodes(op="output")
     assert aot_partition.default_partition is default_partition
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_module_class_follows_torch_lazy_setting(lazy, capture):
+    """Inside torch.compile (lazy graph modules on) ours returns lazy modules, whose code is
+    generated on first use, as torch's forward is (torch rebuilds its backward as a plain
+    GraphModule when reordering it); elsewhere plain GraphModules. Same graphs either way."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
+
+    case = make_case("gpt")
+    joint = capture(case.module, *_case_inputs(case))
+    with _use_lazy_graph_module(lazy):
+        ours = min_cut_rematerialization_partition(
+            joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+        theirs = torch_partitioners.min_cut_rematerialization_partition(
+            joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+    assert [isinstance(gm, _LazyGraphModule) for gm in ours] == [lazy, lazy]
+    assert isinstance(theirs[0], _LazyGraphModule) == lazy
+    fw, bw = ours
+    eager_fw, eager_bw = min_cut_rematerialization_partition(
+        joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+    assert fw.code == eager_fw.code and bw.code == eager_bw.code  # .code generates it
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_extracted_graphs_have_no_dead_code(name, capture):
+    """Extraction copies only what the outputs need: fx's dead-code pass finds nothing."""
+    case = make_case(name)
+    joint = capture(case.module, *_case_inputs(case))
+    for gm in min_cut_rematerialization_partition(
+            joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs):
+        before = [n.name for n in gm.graph.nodes]
+        assert not gm.graph.eliminate_dead_code(), name
+        assert [n.name for n in gm.graph.nodes] == before

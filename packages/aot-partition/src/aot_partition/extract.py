@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import (
     is_symbol_binding_fx_node,
 )
 
-from ._compat import saved_output_descs
+from ._compat import make_graph_module, saved_output_descs
 from .classify import (
     forward_and_backward_outputs,
     is_backward_state,
@@ -26,35 +26,31 @@ from .classify import (
     is_primal,
     is_tangent,
 )
-from .passes.dce import eliminate_dead_code_in_graph
+from .passes.dce import treats_random_as_impure
 
 
 def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: Sequence[Any],
                      output_descs: Sequence[Any] | None = None) -> fx.Graph:
     """The part of ``joint_graph`` computing ``outputs`` from ``inputs`` (any nodes may be inputs).
 
-    One pass in graph order: a node is copied when all its arguments are available; the
-    outputs must all be computable. Dead code is dropped afterwards.
+    Only the nodes dead-code elimination would keep are copied (copying is the costly part):
+    ancestors of the outputs and side-effecting nodes, all computable from the inputs.
     """
+    computable = _computable_from(joint_graph, inputs)
+    needed = _live_nodes(computable, inputs, outputs)
     graph = fx.Graph()
-    env: dict[fx.Node, fx.Node | None] = {}  # None: not computable from the inputs
+    env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
         placeholder = graph.placeholder(node.name)
         placeholder.meta = node.meta  # an fx node can become a placeholder: no node_copy
         env[node] = placeholder
     for node in joint_graph.nodes:
-        if node in env or node.op == "output":
-            continue
-        if node.op == "placeholder":
-            env[node] = None
-        elif all(env.get(a) is not None for a in node.all_input_nodes):
+        if node in needed and node not in env:
             env[node] = graph.node_copy(node, env.__getitem__)
-        else:
-            env[node] = None
     values = []
     for out in outputs:
         if isinstance(out, fx.Node):
-            if env.get(out) is None:
+            if out not in env:
                 raise AssertionError(
                     f"output '{out.name}' cannot be computed from the inputs "
                     f"{[n.name for n in inputs]}"
@@ -65,36 +61,49 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
     output = graph.output(tuple(values))
     if output_descs is not None and all(d is not None for d in output_descs):
         output.meta["desc"] = list(output_descs)
-    eliminate_dead_code_in_graph(graph)
     return graph
 
 
-def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
-                         outputs: Iterable[Any]) -> set[fx.Node]:
-    """Which of ``inputs`` the backward really reads (what dead-code elimination would keep)."""
-    input_set = set(inputs)
+def _computable_from(joint_graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
+    """Nodes whose arguments all come from ``inputs`` (other placeholders never do)."""
     computable = set(inputs)
-    roots = [o for o in outputs if isinstance(o, fx.Node)]
     for node in joint_graph.nodes:
         if node in computable or node.op in ("placeholder", "output"):
             continue
         if all(a in computable for a in node.all_input_nodes):
             computable.add(node)
-            if node.is_impure():
-                roots.append(node)
-    used: set[fx.Node] = set()
-    seen: set[fx.Node] = set()
-    stack = [r for r in roots if r in computable]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        if node in input_set:
-            used.add(node)
-            continue
-        stack.extend(a for a in node.all_input_nodes if a in computable)
-    return used
+    return computable
+
+
+def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
+                outputs: Iterable[Any]) -> set[fx.Node]:
+    """What fx's dead-code elimination keeps of ``computable``: the impure nodes (judged as
+    it judges them) and everything the outputs or those nodes read."""
+    live: set[fx.Node] = set()
+    input_set = set(inputs)
+
+    def mark(roots: Iterable[fx.Node]) -> None:
+        stack = [r for r in roots if r in computable and r not in live]
+        while stack:
+            node = stack.pop()
+            if node in live:
+                continue
+            live.add(node)
+            if node not in input_set:  # what an input was computed from is not needed
+                stack.extend(a for a in node.all_input_nodes if a not in live)
+
+    mark(o for o in outputs if isinstance(o, fx.Node))
+    impure_random = treats_random_as_impure()
+    mark(n for n in computable - live
+         if n not in input_set and n.is_impure(impure_random))
+    return live
+
+
+def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
+                         outputs: Iterable[Any]) -> set[fx.Node]:
+    """Which of ``inputs`` the backward really reads (what dead-code elimination would keep)."""
+    live = _live_nodes(_computable_from(joint_graph, inputs), inputs, outputs)
+    return {n for n in inputs if n in live}
 
 
 def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
@@ -114,11 +123,13 @@ def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
             binding.append(node)
         else:
             derived.append(node)
-    bindings = find_symbol_binding_fx_nodes(joint_graph)
+    bindings: dict[Any, fx.Node] | None = None  # a whole-graph scan: only when needed
     for node in [*derived, *saved_values, *tangents]:
         if "val" not in node.meta:
             continue
         new_symbols = free_symbols(node.meta["val"]) - saved_symbols
+        if new_symbols and bindings is None:
+            bindings = find_symbol_binding_fx_nodes(joint_graph)
         for symbol in sorted(new_symbols, key=lambda s: s.name):
             if symbol in bindings:  # ill-formed graphs (direct make_fx) may lack one
                 binding.append(bindings[symbol])
@@ -140,7 +151,7 @@ def extract_forward_backward(
     """
     fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
         joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-    return (fx.GraphModule(joint_module, fw_graph), fx.GraphModule(joint_module, bw_graph),
+    return (make_graph_module(joint_module, fw_graph), make_graph_module(joint_module, bw_graph),
             saved_values, saved_sym_nodes)
 
 

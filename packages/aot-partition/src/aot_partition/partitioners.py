@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
+from ._compat import make_graph_module
 from .classify import (
     NodeInfo,
     ancestors_within,
@@ -204,8 +205,8 @@ def partition_with_report(
         fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
             joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
         reorder_backward_graph(bw_graph)  # before wrapping: one code generation per module
-        fw_module = fx.GraphModule(joint_module, fw_graph)
-        bw_module = fx.GraphModule(joint_module, bw_graph)
+        fw_module = make_graph_module(joint_module, fw_graph)
+        bw_module = make_graph_module(joint_module, bw_graph)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, solution, budget)
     log_report(report)
     if read_flag("debug_partitioner"):

@@ -6,7 +6,7 @@ import torch
 import torch.fx as fx
 
 
-def _treats_random_as_impure() -> bool:
+def treats_random_as_impure() -> bool:
     """The ``impure_random`` that fx.Graph.eliminate_dead_code uses (same in 2.11 to 2.15)."""
     if torch._guards.TracingContext.try_get():
         return bool(torch._inductor.config.fallback_random)
@@ -19,7 +19,7 @@ def eliminate_dead_code_in_graph(graph: fx.Graph) -> bool:
     fx asks every node whether it is impure, which is slow; nodes with users are kept
     anyway, so only user-less nodes need asking (same result).
     """
-    impure_random = _treats_random_as_impure()
+    impure_random = treats_random_as_impure()
     return graph.eliminate_dead_code(lambda n: len(n.users) > 0 or n.is_impure(impure_random))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .._compat import make_graph_module
 from ..classify import is_tangent
 
 
@@ -85,4 +86,4 @@ def reorder_backward(bw_module: fx.GraphModule) -> fx.GraphModule:
         return bw_module
     for node in new_order:
         env[node] = graph.node_copy(node, env.__getitem__)
-    return fx.GraphModule(bw_module, graph)
+    return make_graph_module(bw_module, graph)
