@@ -20,6 +20,12 @@ def eliminate_dead_code_in_graph(graph: fx.Graph) -> bool:
     anyway, so only user-less nodes need asking (same result).
     """
     impure_random = treats_random_as_impure()
+    # Traced joint graphs rarely hold dead code: when no user-less node could go, skip fx's
+    # pass and its whole-graph lint. Graphs with submodules (higher-order ops) always run it,
+    # since fx cleans their subgraphs too.
+    if not any(not n.users and n.op != "output" and not n.is_impure(impure_random)
+               for n in graph.nodes) and not graph.find_nodes(op="get_attr"):
+        return False
     return graph.eliminate_dead_code(lambda n: len(n.users) > 0 or n.is_impure(impure_random))
 
 
