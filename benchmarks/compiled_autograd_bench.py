@@ -4,10 +4,17 @@ Both compiled autograds hand their graph to the same Inductor ``compiler_fn``; t
 eager. A second table measures the per-step cost of the cache-hit path alone: the compiled
 function is a no-op, so what remains is the C++ cache lookup plus each side's runtime wrapper.
 
+Each variant runs in a fresh subprocess: in one process, whichever variant runs later is
+slower (2 blocks: ours 2.35 ms first, torch's 3.00 ms second, ours again 4.97 ms third; it is
+not the garbage collector), so a shared process would bias the comparison by order.
+
 Writes ``benchmarks/out/compiled_autograd_bench.json`` and, with ``--results``,
 ``benchmarks/RESULTS-compiled-autograd.md``.
 
     uv run python benchmarks/compiled_autograd_bench.py [--steps 20] [--layers 12] [--results]
+    # one variant per process, e.g. to run them side by side, then merge their JSON files:
+    uv run python benchmarks/compiled_autograd_bench.py --variants ours --out out/ours
+    uv run python benchmarks/compiled_autograd_bench.py --merge out/*/compiled_autograd_bench.json
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -73,21 +82,26 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     parser.add_argument("--results", action="store_true",
                         help="also write benchmarks/RESULTS-compiled-autograd.md")
+    parser.add_argument("--variants", default="",
+                        help=f"comma-separated subset to run in THIS process: {', '.join(VARIANTS)}")
+    parser.add_argument("--merge", nargs="+", default=[],
+                        help="render these JSON files (one per variant run) as one table")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args)
+    if not args.variants:
+        return run_isolated(args)
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; valid: {', '.join(VARIANTS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
 
     built = build_model("gpt", layers=args.layers)
     model, inputs = built.module, built.make_inputs()
-    runs = {
-        "eager autograd": lambda: nullcontext(),
-        "torch compiled autograd + inductor": lambda: torch_compiled_autograd._enable(inductor),
-        "ours + inductor": lambda: compiled_autograd.enable(inductor),
-    }
-    overhead_runs = {
-        "torch compiled autograd, cache hit": lambda: torch_compiled_autograd._enable(skip_graph),
-        "ours, cache hit": lambda: compiled_autograd.enable(skip_graph),
-    }
+    chosen = args.variants.split(",")
+    runs = {VARIANTS[v]: CONTEXTS[v] for v in chosen if not v.endswith("-hit")}
+    overhead_runs = {VARIANTS[v]: CONTEXTS[v] for v in chosen if v.endswith("-hit")}
     meta = {"machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
@@ -117,13 +131,64 @@ def main() -> None:
             f.write(markdown)
 
 
+VARIANTS = {
+    "eager": "eager autograd",
+    "torch": "torch compiled autograd + inductor",
+    "ours": "ours + inductor",
+    "torch-hit": "torch compiled autograd, cache hit",
+    "ours-hit": "ours, cache hit",
+}
+CONTEXTS: dict[str, Callable[[], AbstractContextManager]] = {
+    "eager": lambda: nullcontext(),
+    "torch": lambda: torch_compiled_autograd._enable(inductor),
+    "ours": lambda: compiled_autograd.enable(inductor),
+    "torch-hit": lambda: torch_compiled_autograd._enable(skip_graph),
+    "ours-hit": lambda: compiled_autograd.enable(skip_graph),
+}
+
+
+def run_isolated(args: argparse.Namespace) -> None:
+    """Every variant in its own subprocess, one after the other; then one table."""
+    paths = []
+    for variant in VARIANTS:
+        out = os.path.join(args.out, variant)
+        command = [sys.executable, os.path.abspath(__file__), "--variants", variant,
+                   "--layers", str(args.layers), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--threads", str(args.threads), "--out", out]
+        subprocess.run(command, check=True)
+        paths.append(os.path.join(out, "compiled_autograd_bench.json"))
+    args.merge = paths
+    merge(args)
+
+
+def merge(args: argparse.Namespace) -> None:
+    rows: list[dict] = []
+    overhead: list[dict] = []
+    meta: dict = {}
+    for path in args.merge:
+        with open(path) as f:
+            part = json.load(f)
+        meta = meta or part["meta"]
+        rows += part["backward"]
+        overhead += part["cache_hit_overhead"]
+    meta = {**meta, "isolation": "each variant in its own process"}
+    markdown = render(meta, rows, overhead)
+    print(markdown)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "compiled_autograd_bench.json"), "w") as f:
+        json.dump({"meta": meta, "backward": rows, "cache_hit_overhead": overhead}, f, indent=2)
+    if args.results:
+        with open(os.path.join(HERE, "RESULTS-compiled-autograd.md"), "w") as f:
+            f.write(markdown)
+
+
 def render(meta: dict, rows: list[dict], overhead: list[dict]) -> str:
     lines = ["## Compiled autograd: backward time (CPU)", "",
              f"Machine: {meta['machine']}, {meta['cpus']} CPUs, {meta['torch_threads']} torch "
              f"threads; torch {meta['torch']}, Python {meta['python']}; {meta['date']}.",
              f"Model: {meta['model']}, eager forward; median of {meta['steps']} backward steps "
              f"after {meta['warmup']} warm-up steps (the first step includes capture and "
-             "compilation).", "",
+             f"compilation); {meta.get('isolation', 'all variants in one process')}.", "",
              "| variant | median ms | min ms | first step s |", "|---|---:|---:|---:|"]
     lines += [f"| {r['variant']} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | "
               f"{r['first_step_s']:.2f} |" for r in rows]
