@@ -188,7 +188,7 @@ def render(meta: dict, rows: list[dict], overhead: list[dict]) -> str:
              f"threads; torch {meta['torch']}, Python {meta['python']}; {meta['date']}.",
              f"Model: {meta['model']}, eager forward; median of {meta['steps']} backward steps "
              f"after {meta['warmup']} warm-up steps (the first step includes capture and "
-             f"compilation); {meta.get('isolation', 'all variants in one process')}.", "",
+             f"compilation); {meta.get('isolation', 'this process ran only these variants')}.", "",
              "| variant | median ms | min ms | first step s |", "|---|---:|---:|---:|"]
     lines += [f"| {r['variant']} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | "
               f"{r['first_step_s']:.2f} |" for r in rows]
