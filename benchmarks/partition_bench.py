@@ -140,7 +140,8 @@ def run_partitioner(joint: Joint, budget: float, who: str, repeats: int,
             module = _LazyGraphModule(module, module.graph)
         gc.collect()
         with _use_lazy_graph_module(lazy):
-            fw, bw = _timed_partition(module, joint, budget, who, solver, times)
+            fw, bw, seconds = _timed_partition(module, joint, budget, who, solver)
+        times.append(seconds)
     assert fw is not None and bw is not None
     nbytes, count = saved_tensors(fw, joint.num_fwd_outputs)
     recompute = graph_flops(fw) + graph_flops(bw) - graph_flops(joint.module)
@@ -148,8 +149,8 @@ def run_partitioner(joint: Joint, budget: float, who: str, repeats: int,
                statistics.median(times), nbytes, count, recompute)
 
 
-def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: str, solver: str,
-                     times: list[float]) -> tuple[fx.GraphModule, fx.GraphModule]:
+def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: str, solver: str
+                     ) -> tuple[fx.GraphModule, fx.GraphModule, float]:
     if who == "torch":
         with torch_config.patch(activation_memory_budget=budget):
             start = time.perf_counter()
@@ -161,8 +162,7 @@ def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: s
             start = time.perf_counter()
             fw, bw = min_cut_rematerialization_partition(
                 module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
-    times.append(time.perf_counter() - start)
-    return fw, bw
+    return fw, bw, time.perf_counter() - start
 
 
 def knapsack_rows(items: int, repeats: int, seed: int = 0) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.experimental import symbolic_shapes
 
 # torch 2.13 renamed ``hint_int`` to ``optimization_hint``; 2.11 has only the old name.
@@ -38,6 +39,4 @@ def make_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.
     inside torch.compile, whose ``use_lazy_graph_module`` setting picks it, eager elsewhere.
 
     Generating Python code for a 5,000-node graph takes ~0.1 s; Inductor never needs it."""
-    from torch.fx._lazy_graph_module import _make_graph_module
-
     return _make_graph_module(root, graph)
