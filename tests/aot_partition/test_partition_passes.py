@@ -7,11 +7,13 @@ import torch
 import torch.fx as fx
 from aot_partition import classify
 from aot_partition.classify import FAR_FROM_BACKWARD, is_tangent
+from aot_partition import min_cut_rematerialization_partition
 from aot_partition.passes import (
     eliminate_common_subexpressions,
     eliminate_dead_code,
     reorder_backward,
 )
+from aot_partition.passes.cse import merge_common_subexpressions
 from torch.utils.checkpoint import CheckpointPolicy
 
 aten = torch.ops.aten
@@ -50,6 +52,62 @@ def test_cse_keeps_random_ops_and_different_annotations(capture):
     first_sin.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
     eliminate_common_subexpressions(module)
     assert _count(module, aten.sin) >= 2
+
+
+def _structure(graph: fx.Graph) -> list[tuple]:
+    """Everything about a graph its generated code depends on, plus who uses whom."""
+    def names(value):
+        return fx.map_arg(value, lambda n: n.name)
+    return [(n.name, n.op, n.target, names(n.args), names(n.kwargs),
+             sorted(u.name for u in n.users)) for n in graph.nodes]
+
+
+def test_merge_isolates_duplicates_and_undo_restores_the_graph(capture):
+    module = capture(lambda x: x.sin() * x.sin(), _x(4)).fresh()
+    before = _structure(module.graph)
+    merged = merge_common_subexpressions(module.graph)
+    sins = [n for n in module.graph.nodes if n.target is aten.sin.default]
+    assert len(merged.duplicates) >= 1 and sins[1] in merged.duplicates
+    for duplicate in merged.duplicates:  # still in the graph, but isolated
+        assert not duplicate.users and not duplicate.all_input_nodes
+    mul = next(n for n in module.graph.nodes if n.target is aten.mul.Tensor)
+    assert mul.args == (sins[0], sins[0])
+    merged.undo()
+    assert _structure(module.graph) == before
+    assert module.graph.python_code("self").src == module.code
+
+
+def test_partitioning_leaves_the_callers_joint_as_it_was(capture):
+    joint = capture(lambda x: x.sin() * x.sin(), _x(4))
+    module = joint.fresh()
+    code, structure = module.code, _structure(module.graph)
+    fw, bw = min_cut_rematerialization_partition(module, joint.inputs,
+                                                 num_fwd_outputs=joint.num_fwd_outputs)
+    assert _count(fw, aten.sin) == 1  # the partition did see the merged graph
+    # torch's partitioner regenerates the joint's code after merging; ours undoes the merge,
+    # so the code the module holds still matches its graph.
+    assert _structure(module.graph) == structure
+    assert module.code == code == module.graph.python_code("self").src
+    x, tangent = torch.randn(4), torch.randn(4)
+    expected = joint.module(x, tangent)
+    for got, want in zip(module(x, tangent), expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_failing_partition_still_restores_the_joint(capture, monkeypatch):
+    import aot_partition.partitioners as partitioners
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("solver exploded")
+
+    monkeypatch.setattr(partitioners, "_choose_saved_values", failing)
+    joint = capture(lambda x: x.sin() * x.sin(), _x(4))
+    module = joint.fresh()
+    structure = _structure(module.graph)
+    with pytest.raises(RuntimeError, match="solver exploded"):
+        min_cut_rematerialization_partition(module, joint.inputs,
+                                            num_fwd_outputs=joint.num_fwd_outputs)
+    assert _structure(module.graph) == structure
 
 
 def test_dce_drops_unused_nodes(capture):

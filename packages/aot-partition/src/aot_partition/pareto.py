@@ -19,7 +19,7 @@ from .budget import BudgetSearch, needed_by_backward, validate_memory_budget
 from .classify import classify
 from .draw import plot_pareto
 from .flags import read_flag
-from .partitioners import _prepare_joint
+from .partitioners import prepared_joint
 from .passes import cleanup_recompute_tags, has_recomputable_ops
 from .sizes import node_nbytes
 
@@ -70,12 +70,13 @@ def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None,
     the flag ``visualize_memory_budget_pareto`` on, the front is also written as a PNG.
     """
     del joint_inputs  # accepted for the partition_fn-like signature; shapes come from meta
-    module = _prepare_joint(copy.deepcopy(joint_module), num_fwd_outputs)
-    if has_recomputable_ops(module):
-        cleanup_recompute_tags(module)
-    info = classify(module, num_fwd_outputs)
-    search = BudgetSearch.prepare(module.graph, info, solver=solver)
-    points = sweep(search, DEFAULT_BUDGETS if budgets is None else budgets)
+    # A copy: the recompute-tag cleanup rewrites node annotations.
+    with prepared_joint(copy.deepcopy(joint_module), num_fwd_outputs) as module:
+        if has_recomputable_ops(module):
+            cleanup_recompute_tags(module)
+        info = classify(module, num_fwd_outputs)
+        search = BudgetSearch.prepare(module.graph, info, solver=solver)
+        points = sweep(search, DEFAULT_BUDGETS if budgets is None else budgets)
     if read_flag("visualize_memory_budget_pareto"):
         write_pareto_png(points, search.solver)
     return points

@@ -6,10 +6,11 @@ Both have torch's ``partition_fn`` signature, so either drops into ``aot_functio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ from .passes import (
     reorder_backward,
     save_readers_of_mutated_inputs,
 )
-from .passes.cse import eliminate_common_subexpressions_in_graph
+from .passes.cse import merge_common_subexpressions
 from .passes.dce import eliminate_dead_code_in_graph
 from .passes.reorder import reorder_backward_graph
 from .policy import MinCutOptions
@@ -132,19 +133,31 @@ def min_cut_rematerialization_partition(
     return fw_module, bw_module
 
 
-def _prepare_joint(joint_module: fx.GraphModule, num_fwd_outputs: int) -> fx.GraphModule:
-    changed = eliminate_dead_code_in_graph(joint_module.graph)
+@contextlib.contextmanager
+def prepared_joint(joint_module: fx.GraphModule, num_fwd_outputs: int
+                    ) -> Iterator[fx.GraphModule]:
+    """The joint with dead code dropped and common subexpressions merged while partitioning.
+
+    The merge is undone on the way out, so the caller's module keeps the graph its code was
+    generated from; torch instead regenerates the joint's code, costly on big graphs when
+    the module is not lazy (a direct aot_function call). Dead code is rare in traced joints
+    and stays dropped (one code generation then).
+    """
+    if eliminate_dead_code_in_graph(joint_module.graph):
+        joint_module.recompile()
+    merged = None
     if read_flag("cse"):
         # A forward-only value merged with its backward twin would become one more saved
         # value (torch 2.15 fixed this the same way): keep the two sides apart.
         _, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
         needed_by_backward = ancestors_within(bw_outputs, set(joint_module.graph.nodes))
-        changed |= eliminate_common_subexpressions_in_graph(
-            joint_module.graph, needed_by_backward.__contains__)
-    if changed:  # code generation is costly on big graphs: once for both passes
-        joint_module.recompile()
-    save_readers_of_mutated_inputs(joint_module)
-    return joint_module
+        merged = merge_common_subexpressions(joint_module.graph, needed_by_backward.__contains__)
+    try:
+        save_readers_of_mutated_inputs(joint_module)
+        yield joint_module
+    finally:
+        if merged is not None:
+            merged.undo()
 
 
 def _memory_budget(joint_graph: fx.Graph, override: float | None) -> float:
@@ -179,7 +192,15 @@ def partition_with_report(
     memory_budget: float | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
     """The min-cut partition plus a PartitionReport saying why each value was saved or not."""
-    joint_module = _prepare_joint(joint_module, num_fwd_outputs)
+    with prepared_joint(joint_module, num_fwd_outputs):
+        return _partition_prepared(joint_module, num_fwd_outputs, static_lifetime_input_indices,
+                                   memory_budget)
+
+
+def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
+                        static_lifetime_input_indices: Sequence[int] | None,
+                        memory_budget: float | None
+                        ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
     recompute_annotated = has_recomputable_ops(joint_module)
     recompute_rng = has_recomputable_rng_ops(joint_module)
     if recompute_annotated:

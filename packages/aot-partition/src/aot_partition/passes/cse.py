@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -73,38 +74,68 @@ def eliminate_common_subexpressions_in_graph(
 
     The caller recompiles its module once after all its graph passes.
     """
+    merged = merge_common_subexpressions(graph, keep_apart)
+    for node in merged.duplicates:
+        graph.erase_node(node)
+    return bool(merged.duplicates)
+
+
+@dataclass
+class MergedSubexpressions:
+    """What merge_common_subexpressions changed, so that ``undo`` can put it back."""
+
+    duplicates: list[fx.Node] = field(default_factory=list)
+    original_inputs: dict[fx.Node, tuple[Any, Any]] = field(default_factory=dict)
+
+    def rewire(self, node: fx.Node, args: Any, kwargs: Any) -> None:
+        self.original_inputs.setdefault(node, (node.args, node.kwargs))
+        node.args, node.kwargs = args, kwargs
+
+    def undo(self) -> None:
+        """Give every rewired node its original inputs back: the graph computes as before."""
+        for node, (args, kwargs) in self.original_inputs.items():
+            node.args, node.kwargs = args, kwargs
+        self.original_inputs.clear()
+        self.duplicates.clear()
+
+
+def merge_common_subexpressions(
+    graph: fx.Graph, keep_apart: Callable[[fx.Node], Hashable] | None = None
+) -> MergedSubexpressions:
+    """The merge of eliminate_common_subexpressions, done so that it can be undone.
+
+    Users of a duplicate are rewired to the node it duplicates, and the duplicate is
+    detached from its own inputs: it stays in the graph, isolated (no inputs, no users),
+    so that the graph computes the merged result with no node erased. ``undo`` restores
+    the original graph, whose generated code therefore never goes stale; a partitioner
+    can so merge a caller's joint graph without regenerating the caller's module code.
+    """
     output = next(iter(graph.find_nodes(op="output")))
     output_storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
+    merged = MergedSubexpressions()
     env: dict[fx.Node, fx.Node] = {}
     seen: dict[Any, fx.Node] = {}
     epoch = 0
-    to_erase = []
     for node in graph.nodes:
         env[node] = node
         if _keep_unmerged(node, output_storages):
             epoch += _is_mutating(node)
-            if any(env[a] is not a for a in node.all_input_nodes):
-                node.args = fx.map_arg(node.args, env.__getitem__)
-                node.kwargs = fx.map_arg(node.kwargs, env.__getitem__)
-            continue
-        try:
-            key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env),
-                   node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
-                   keep_apart(node) if keep_apart is not None else None)
-            hash(key)
-        except TypeError:  # unhashable constant argument: leave the node alone
-            key = None
-        if key is not None and key in seen:
-            env[node] = seen[key]
-            to_erase.append(node)
-            continue
+        else:
+            try:
+                key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env),
+                       node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
+                       keep_apart(node) if keep_apart is not None else None)
+                hash(key)
+            except TypeError:  # unhashable constant argument: leave the node alone
+                key = None
+            if key is not None and key in seen:
+                env[node] = seen[key]
+                merged.duplicates.append(node)
+                merged.rewire(node, (), {})
+                continue
+            if key is not None:
+                seen[key] = node
         if any(env[a] is not a for a in node.all_input_nodes):
-            node.args = fx.map_arg(node.args, env.__getitem__)
-            node.kwargs = fx.map_arg(node.kwargs, env.__getitem__)
-        if key is not None:
-            seen[key] = node
-    for node in to_erase:
-        node.replace_all_uses_with(env[node])
-    for node in reversed(to_erase):
-        graph.erase_node(node)
-    return bool(to_erase)
+            merged.rewire(node, fx.map_arg(node.args, env.__getitem__),
+                          fx.map_arg(node.kwargs, env.__getitem__))
+    return merged
