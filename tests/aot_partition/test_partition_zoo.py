@@ -34,11 +34,17 @@ def test_min_cut_saves_no_more_than_torch(name, capture):
     joint = capture(case.module, *_case_inputs(case))
     fw_torch, _ = torch_partitioners.min_cut_rematerialization_partition(
         joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+    handed_in = joint.fresh()
+    graph_before, code_before = str(handed_in.graph), handed_in.code
+    users_before = [[u.name for u in n.users] for n in handed_in.graph.nodes]
     fw_ours, _ = min_cut_rematerialization_partition(
-        joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+        handed_in, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
     ours = saved_activation_bytes(fw_ours, joint.num_fwd_outputs)
     theirs = saved_activation_bytes(fw_torch, joint.num_fwd_outputs)
     assert 0 < ours <= theirs, (name, ours, theirs)
+    # The joint handed in keeps its graph (merges undone, users in order) and its code.
+    assert str(handed_in.graph) == graph_before and handed_in.code == code_before
+    assert [[u.name for u in n.users] for n in handed_in.graph.nodes] == users_before
 
 
 @pytest.mark.parametrize("solver", ["networkx", "scipy"])

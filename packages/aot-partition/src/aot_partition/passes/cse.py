@@ -82,20 +82,32 @@ def eliminate_common_subexpressions_in_graph(
 
 @dataclass
 class MergedSubexpressions:
-    """What merge_common_subexpressions changed, so that ``undo`` can put it back."""
+    """What merge_common_subexpressions changed, so that ``undo`` can put it back exactly."""
 
     duplicates: list[fx.Node] = field(default_factory=list)
     original_inputs: dict[fx.Node, tuple[Any, Any]] = field(default_factory=dict)
+    # Rewiring moves users within their inputs' ``users`` dicts; undo restores the order too.
+    original_users: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)
 
     def rewire(self, node: fx.Node, args: Any, kwargs: Any) -> None:
+        touched: list[fx.Node] = list(node.all_input_nodes)
+        fx.map_arg((args, kwargs), touched.append)
+        for input_node in touched:
+            if input_node not in self.original_users:
+                self.original_users[input_node] = list(input_node.users)
         self.original_inputs.setdefault(node, (node.args, node.kwargs))
         node.args, node.kwargs = args, kwargs
 
     def undo(self) -> None:
-        """Give every rewired node its original inputs back: the graph computes as before."""
+        """Give every rewired node its original inputs back: the graph is as it was."""
         for node, (args, kwargs) in self.original_inputs.items():
             node.args, node.kwargs = args, kwargs
+        for node, users in self.original_users.items():
+            if list(node.users) != users:
+                node.users.clear()
+                node.users.update(dict.fromkeys(users))
         self.original_inputs.clear()
+        self.original_users.clear()
         self.duplicates.clear()
 
 
