@@ -168,3 +168,30 @@ def test_classify_static_lifetime_inputs(capture):
     joint = capture(lambda x, w: (x @ w).relu(), _x(4, 8), _x(8, 8))
     info = classify(joint.module, joint.num_fwd_outputs, static_lifetime_input_indices=[1])
     assert [n.name for n in info.static_lifetime_inputs] == [info.inputs[1].name]
+
+
+def test_cse_never_merges_values_that_alias_an_output(capture):
+    def viewed_twice(x):
+        returned, internal = x.sin(), x.cos()
+        return returned.view(-1), returned.view(-1) * 2, internal.view(-1) * internal.view(-1)
+
+    module = capture(viewed_twice, _x(2, 3)).fresh()
+    merged = merge_common_subexpressions(module.graph)
+    # Both views of `returned` share the returned view's storage: merging them would make
+    # the second output alias the first. The views of `internal` merge.
+    viewed = [merged.original_inputs[d][0][0].target for d in merged.duplicates
+              if d.target is aten.view.default]
+    assert aten.cos.default in viewed and aten.sin.default not in viewed
+    merged.undo()
+    assert module.graph.python_code("self").src == module.code
+
+
+def test_cse_merges_later_twins_of_a_returned_value_among_themselves(capture):
+    module = capture(lambda x: (x.sin(), x.sin() * x.sin()), _x(3)).fresh()
+    sins = [n for n in module.graph.nodes if n.target is aten.sin.default]
+    merged = merge_common_subexpressions(module.graph)
+    # The returned sin stays apart; of the other two, the later merges into the earlier.
+    assert len(sins) == 3
+    assert [d for d in merged.duplicates if d.target is aten.sin.default] == [sins[2]]
+    mul = next(n for n in module.graph.nodes if n.target is aten.mul.Tensor)
+    assert mul.args == (sins[1], sins[1])

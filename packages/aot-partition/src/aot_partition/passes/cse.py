@@ -31,26 +31,52 @@ def _storage(node: fx.Node) -> Any:
 
 
 def _freeze(value: Any, env: dict[fx.Node, fx.Node]) -> Any:
-    """A hashable key for an argument, with nodes replaced by their surviving copy."""
+    """A hashable key for an argument, with nodes replaced by their surviving copy.
+
+    Nodes stand for themselves (they hash by identity, and every other leaf becomes a
+    ``(type, value)`` pair, so ``1``, ``1.0`` and ``True`` stay apart).
+    """
     if isinstance(value, fx.Node):
-        return ("node", env[value])
+        return env[value]
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_freeze(v, env) for v in value))
+        return (type(value), tuple([_freeze(v, env) for v in value]))
     if isinstance(value, dict):
-        return ("dict", tuple((k, _freeze(v, env)) for k, v in value.items()))
+        return (dict, tuple([(k, _freeze(v, env)) for k, v in value.items()]))
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return ("sym", id(value.node))
     return (type(value), value)
 
 
-def _keep_unmerged(node: fx.Node, output_storages: set[Any]) -> bool:
-    if node.op != "call_function" or is_random(node) or _is_mutating(node):
-        return True
-    if aten_packet(node) in _NEVER_MERGED:
-        return True
-    # Merging values that alias graph outputs would change the outputs' aliasing.
-    storage = _storage(node)
-    return storage is not None and storage in output_storages
+_UNMERGEABLE_TARGETS: dict[Any, bool] = {}  # target -> never merged: asked once per target
+
+
+def _unmergeable_target(node: fx.Node) -> bool:
+    target = node.target
+    try:
+        return _UNMERGEABLE_TARGETS[target]
+    except KeyError:
+        verdict = _UNMERGEABLE_TARGETS[target] = (
+            is_random(node) or _is_mutating(node) or aten_packet(node) in _NEVER_MERGED)
+        return verdict
+    except TypeError:  # an unhashable target
+        return is_random(node) or _is_mutating(node) or aten_packet(node) in _NEVER_MERGED
+
+
+class _AliasesOutput:
+    """Whether a node's value shares storage with a graph output, asked only when a merge
+    is at stake: reading storages of fake tensors is slow, and few nodes ever match."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        output = next(iter(graph.find_nodes(op="output")))
+        self.storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
+        self.verdicts: dict[fx.Node, bool] = {}
+
+    def __call__(self, node: fx.Node) -> bool:
+        verdict = self.verdicts.get(node)
+        if verdict is None:
+            storage = _storage(node) if self.storages else None
+            verdict = self.verdicts[node] = storage is not None and storage in self.storages
+        return verdict
 
 
 def eliminate_common_subexpressions(module: fx.GraphModule,
@@ -122,30 +148,33 @@ def merge_common_subexpressions(
     the original graph, whose generated code therefore never goes stale; a partitioner
     can so merge a caller's joint graph without regenerating the caller's module code.
     """
-    output = next(iter(graph.find_nodes(op="output")))
-    output_storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
+    aliases_output = _AliasesOutput(graph)
     merged = MergedSubexpressions()
     env: dict[fx.Node, fx.Node] = {}
     seen: dict[Any, fx.Node] = {}
     epoch = 0
     for node in graph.nodes:
         env[node] = node
-        if _keep_unmerged(node, output_storages):
-            epoch += _is_mutating(node)
+        if node.op != "call_function" or _unmergeable_target(node):
+            epoch += node.op == "call_function" and _is_mutating(node)
         else:
             try:
                 key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env),
                        node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
                        keep_apart(node) if keep_apart is not None else None)
-                hash(key)
+                first = seen.get(key)
             except TypeError:  # unhashable constant argument: leave the node alone
-                key = None
-            if key is not None and key in seen:
-                env[node] = seen[key]
-                merged.duplicates.append(node)
-                merged.rewire(node, (), {})
-                continue
-            if key is not None:
+                key = first = None
+            # Merging values that alias graph outputs would change the outputs' aliasing:
+            # such a node neither merges nor is merged into.
+            if first is not None and not aliases_output(node):
+                if not aliases_output(first):
+                    env[node] = first
+                    merged.duplicates.append(node)
+                    merged.rewire(node, (), {})
+                    continue
+                seen[key] = node
+            elif first is None and key is not None:
                 seen[key] = node
         if any(env[a] is not a for a in node.all_input_nodes):
             merged.rewire(node, fx.map_arg(node.args, env.__getitem__),
