@@ -32,13 +32,17 @@ def is_tangent(node: fx.Node) -> bool:
 
 
 def is_bwd_seed_offset(node: fx.Node) -> bool:
+    if node.op != "placeholder":  # asked of every node: skip formatting op targets
+        return False
     target = str(node.target)
-    return node.op == "placeholder" and ("bwd_seed" in target or "bwd_base_offset" in target)
+    return "bwd_seed" in target or "bwd_base_offset" in target
 
 
 def is_fwd_seed_offset(node: fx.Node) -> bool:
+    if node.op != "placeholder":
+        return False
     target = str(node.target)
-    return node.op == "placeholder" and ("fwd_seed" in target or "fwd_base_offset" in target)
+    return "fwd_seed" in target or "fwd_base_offset" in target
 
 
 def is_backward_state(node: fx.Node) -> bool:

@@ -30,14 +30,16 @@ from .passes.dce import treats_random_as_impure
 
 
 def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: Sequence[Any],
-                     output_descs: Sequence[Any] | None = None) -> fx.Graph:
+                     output_descs: Sequence[Any] | None = None, *,
+                     needed: set[fx.Node] | None = None) -> fx.Graph:
     """The part of ``joint_graph`` computing ``outputs`` from ``inputs`` (any nodes may be inputs).
 
     Only the nodes dead-code elimination would keep are copied (copying is the costly part):
     ancestors of the outputs and side-effecting nodes, all computable from the inputs.
+    ``needed``: that set, if the caller already has it for these inputs and outputs.
     """
-    computable = _computable_from(joint_graph, inputs)
-    needed = _live_nodes(computable, inputs, outputs)
+    if needed is None:
+        needed = _needed_nodes(joint_graph, inputs, outputs)
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
@@ -99,10 +101,16 @@ def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
     return live
 
 
+def _needed_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
+                  outputs: Iterable[Any]) -> set[fx.Node]:
+    """What extract_subgraph copies: the live nodes computable from ``inputs``."""
+    return _live_nodes(_computable_from(joint_graph, inputs), inputs, outputs)
+
+
 def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
                          outputs: Iterable[Any]) -> set[fx.Node]:
     """Which of ``inputs`` the backward really reads (what dead-code elimination would keep)."""
-    live = _live_nodes(_computable_from(joint_graph, inputs), inputs, outputs)
+    live = _needed_nodes(joint_graph, inputs, outputs)
     return {n for n in inputs if n in live}
 
 
@@ -174,8 +182,9 @@ def extract_forward_backward_graphs(
     bwd_seeds = [n for n in placeholders if is_bwd_seed_offset(n)]
     backward_state = [n for n in placeholders if is_backward_state(n)]
 
-    used = used_backward_inputs(graph, saved_sym_nodes + saved_values + tangents + bwd_seeds,
-                                bw_outputs)
+    candidate_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds
+    candidate_live = _needed_nodes(graph, candidate_inputs, bw_outputs)
+    used = {n for n in candidate_inputs if n in candidate_live}
     saved_values = [n for n in saved_values if n in used and not is_backward_state(n)]
     saved_sym_nodes = [n for n in saved_sym_nodes if n in used]
     saved_sym_nodes = _bind_symbols(graph, saved_sym_nodes, saved_values, tangents)
@@ -187,9 +196,11 @@ def extract_forward_backward_graphs(
     fw_graph = extract_subgraph(
         graph, primals + fwd_seeds, fw_outputs + saved_values + saved_sym_nodes,
         None if saved_descs is None else fw_descs + saved_descs)
-    bw_graph = extract_subgraph(
-        graph, saved_sym_nodes + saved_values + tangents + bwd_seeds + backward_state,
-        bw_outputs, bw_descs)
+    bw_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds + backward_state
+    # Usually nothing was dropped or bound: the live set found above is the backward's.
+    same_inputs = set(bw_inputs) == set(candidate_inputs)
+    bw_graph = extract_subgraph(graph, bw_inputs, bw_outputs, bw_descs,
+                                needed=candidate_live if same_inputs else None)
     for node in bw_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
