@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.fx as fx
-from aot_partition import classify
+from aot_partition import classify, min_cut_rematerialization_partition
 from aot_partition.classify import FAR_FROM_BACKWARD, is_tangent
-from aot_partition import min_cut_rematerialization_partition
 from aot_partition.passes import (
     eliminate_common_subexpressions,
     eliminate_dead_code,
