@@ -145,8 +145,8 @@ def merge_common_subexpressions(
     Users of a duplicate are rewired to the node it duplicates, and the duplicate is
     detached from its own inputs: it stays in the graph, isolated (no inputs, no users),
     so that the graph computes the merged result with no node erased. ``undo`` restores
-    the original graph, whose generated code therefore never goes stale; a partitioner
-    can so merge a caller's joint graph without regenerating the caller's module code.
+    the original graph exactly, so a partitioner can merge the joint graph a caller hands
+    it and give it back with its generated code still matching, without regenerating it.
     """
     aliases_output = _AliasesOutput(graph)
     merged = MergedSubexpressions()
