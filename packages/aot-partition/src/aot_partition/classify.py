@@ -236,7 +236,7 @@ class NodeInfo:
         return self.fw_order[node]
 
 
-def forward_computable(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
+def computable_from(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
     """Nodes computable from ``inputs`` alone (placeholders outside ``inputs`` are not)."""
     computable = set(inputs)
     for node in graph.nodes:
@@ -279,7 +279,7 @@ def classify(
     fw_outputs, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
     required_bw = set(tangents_closure)
     required_bw.update(o for o in bw_outputs if isinstance(o, fx.Node) and o.op != "output")
-    required_fw = ancestors_within(fw_outputs, forward_computable(graph, inputs))
+    required_fw = ancestors_within(fw_outputs, computable_from(graph, inputs))
     # Forward-computable inputs count as required forward even when no output uses them.
     required_fw.update(inputs)
     unclaimed = {n for n in nodes if n not in required_fw and n not in required_bw}

@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from ._compat import make_graph_module, saved_output_descs
 from .classify import (
+    computable_from,
     forward_and_backward_outputs,
     is_backward_state,
     is_bwd_seed_offset,
@@ -66,17 +67,6 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
     return graph
 
 
-def _computable_from(joint_graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
-    """Nodes whose arguments all come from ``inputs`` (other placeholders never do)."""
-    computable = set(inputs)
-    for node in joint_graph.nodes:
-        if node in computable or node.op in ("placeholder", "output"):
-            continue
-        if all(a in computable for a in node.all_input_nodes):
-            computable.add(node)
-    return computable
-
-
 def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
                 outputs: Iterable[Any]) -> set[fx.Node]:
     """What fx's dead-code elimination keeps of ``computable``: the impure nodes (judged as
@@ -104,7 +94,7 @@ def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
 def _needed_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
                   outputs: Iterable[Any]) -> set[fx.Node]:
     """What extract_subgraph copies: the live nodes computable from ``inputs``."""
-    return _live_nodes(_computable_from(joint_graph, inputs), inputs, outputs)
+    return _live_nodes(computable_from(joint_graph, inputs), inputs, outputs)
 
 
 def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
