@@ -25,14 +25,14 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils.checkpoint import CheckpointPolicy
 
-from .classify import NodeInfo, is_bwd_seed_offset, is_tangent
+from .classify import NodeInfo, is_bwd_seed_offset, is_random, is_tangent
 from .estimators import RUNTIME_ESTIMATORS, estimate_runtime
 from .extract import used_backward_inputs
 from .flags import read_flag
 from .knapsack import KnapsackResult, dp_knapsack, greedy_knapsack, ilp_knapsack
-from .policy import MinCutOptions
+from .passes.rng import device_of, rng_state_nbytes
+from .policy import MinCutOptions, never_recompute
 from .sizes import node_nbytes
 from .solve import MinCutSolution, solve_min_cut_detailed
 
@@ -80,6 +80,15 @@ def _storage_key(node: fx.Node) -> object:
 
 def _activation_bytes(nodes: list[fx.Node]) -> int:
     return sum(node_nbytes(n) for n in nodes)
+
+
+def recompute_savings(node: fx.Node) -> int:
+    """Bytes that recomputing ``node`` instead of saving it frees: its size, less the RNG
+    state a random op then saves to replay its draw (0 when the state is the bigger one)."""
+    nbytes = node_nbytes(node)
+    if is_random(node):
+        nbytes -= rng_state_nbytes(device_of(node).type)
+    return max(nbytes, 0)
 
 
 def needed_by_backward(search: BudgetSearch, saved: Sequence[fx.Node]) -> list[fx.Node]:
@@ -179,14 +188,13 @@ class BudgetSearch:
         recomputable = [n for n in banned
                         if dist.get(n, math.inf) < int(1e9)
                         and _storage_key(n) not in input_storages]
-        self.must_save = [n for n in recomputable
-                          if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE]
+        self.must_save = [n for n in recomputable if never_recompute(n) is not None]
         must_save = set(self.must_save)
         # Biggest first, stable in graph order: the same item order torch's knapsack sees.
         self.candidates = sorted((n for n in recomputable if n not in must_save),
                                  key=node_nbytes, reverse=True)
         span = self.max_bytes - self.min_bytes
-        self.memories = [node_nbytes(n) / span for n in self.candidates]
+        self.memories = [recompute_savings(n) / span for n in self.candidates]
         self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
 
     def knapsack(self, memory_budget: float, solver: str | None = None) -> KnapsackResult:
@@ -228,8 +236,10 @@ class BudgetSearch:
         can be cheaper to save than a big input; MUST_SAVE nodes (annotated, or reading an
         input updated in place) always stay in the forward, so then only the cut qualifies."""
         assert self.aggressive_options is not None
-        cut, _ = self.solve(self.aggressive_options,
-                               set(self.candidates))
+        # Released: every candidate whose recompute frees memory (a random op whose RNG
+        # state outweighs its output stays saved).
+        released = {c for c, m in zip(self.candidates, self.memories) if m > 0}
+        cut, _ = self.solve(self.aggressive_options, released)
         if self.must_save:
             return cut
         inputs = list(self.node_info.inputs)

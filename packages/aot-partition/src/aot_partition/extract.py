@@ -68,9 +68,11 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
 
 
 def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
-                outputs: Iterable[Any]) -> set[fx.Node]:
+                outputs: Iterable[Any], impure_allowed: set[fx.Node] | None = None
+                ) -> set[fx.Node]:
     """What fx's dead-code elimination keeps of ``computable``: the impure nodes (judged as
-    it judges them) and everything the outputs or those nodes read."""
+    it judges them; only those in ``impure_allowed`` if given) and everything the outputs
+    or those nodes read."""
     live: set[fx.Node] = set()
     input_set = set(inputs)
 
@@ -87,20 +89,42 @@ def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
     mark(o for o in outputs if isinstance(o, fx.Node))
     impure_random = treats_random_as_impure()
     mark(n for n in computable - live
-         if n not in input_set and n.is_impure(impure_random))
+         if n not in input_set and n.is_impure(impure_random)
+         and (impure_allowed is None or n in impure_allowed))
     return live
 
 
+def _downstream_of_backward_inputs(joint_graph: fx.Graph, computable: set[fx.Node]
+                                   ) -> set[fx.Node]:
+    """Nodes of ``computable`` that read a tangent or a backward seed, directly or not."""
+    region: set[fx.Node] = set()
+    for node in joint_graph.nodes:
+        if node not in computable:
+            continue
+        if (is_tangent(node) or is_bwd_seed_offset(node)
+                or any(a in region for a in node.all_input_nodes)):
+            region.add(node)
+    return region
+
+
 def _needed_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
-                  outputs: Iterable[Any]) -> set[fx.Node]:
-    """What extract_subgraph copies: the live nodes computable from ``inputs``."""
-    return _live_nodes(computable_from(joint_graph, inputs), inputs, outputs)
+                  outputs: Iterable[Any], *, backward: bool = False) -> set[fx.Node]:
+    """What extract_subgraph copies: the live nodes computable from ``inputs``.
+
+    ``backward``: side effects of the forward (a ``copy_`` into a buffer, an assert) stay in
+    the forward even when the backward could compute them from what it recomputes (running
+    a batch norm's stat update twice would be wrong); the backward keeps only the impure
+    nodes that read a tangent or a backward seed.
+    """
+    computable = computable_from(joint_graph, inputs)
+    allowed = _downstream_of_backward_inputs(joint_graph, computable) if backward else None
+    return _live_nodes(computable, inputs, outputs, allowed)
 
 
 def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
                          outputs: Iterable[Any]) -> set[fx.Node]:
     """Which of ``inputs`` the backward really reads (what dead-code elimination would keep)."""
-    live = _needed_nodes(joint_graph, inputs, outputs)
+    live = _needed_nodes(joint_graph, inputs, outputs, backward=True)
     return {n for n in inputs if n in live}
 
 
@@ -173,7 +197,7 @@ def extract_forward_backward_graphs(
     backward_state = [n for n in placeholders if is_backward_state(n)]
 
     candidate_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds
-    candidate_live = _needed_nodes(graph, candidate_inputs, bw_outputs)
+    candidate_live = _needed_nodes(graph, candidate_inputs, bw_outputs, backward=True)
     used = {n for n in candidate_inputs if n in candidate_live}
     saved_values = [n for n in saved_values if n in used and not is_backward_state(n)]
     saved_sym_nodes = [n for n in saved_sym_nodes if n in used]
@@ -189,8 +213,9 @@ def extract_forward_backward_graphs(
     bw_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds + backward_state
     # Usually nothing was dropped or bound: the live set found above is the backward's.
     same_inputs = set(bw_inputs) == set(candidate_inputs)
-    bw_graph = extract_subgraph(graph, bw_inputs, bw_outputs, bw_descs,
-                                needed=candidate_live if same_inputs else None)
+    bw_live = (candidate_live if same_inputs
+               else _needed_nodes(graph, bw_inputs, bw_outputs, backward=True))
+    bw_graph = extract_subgraph(graph, bw_inputs, bw_outputs, bw_descs, needed=bw_live)
     for node in bw_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True

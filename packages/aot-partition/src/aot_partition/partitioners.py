@@ -34,10 +34,8 @@ from .extract import (
 from .flags import read_flag
 from .passes import (
     cleanup_recompute_tags,
-    functionalize_rng_ops,
     has_recomputable_ops,
-    has_recomputable_rng_ops,
-    reorder_backward,
+    replay_random_ops,
     save_readers_of_mutated_inputs,
 )
 from .passes.cse import merge_common_subexpressions
@@ -201,9 +199,7 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
                         static_lifetime_input_indices: Sequence[int] | None,
                         memory_budget: float | None
                         ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
-    recompute_annotated = has_recomputable_ops(joint_module)
-    recompute_rng = has_recomputable_rng_ops(joint_module)
-    if recompute_annotated:
+    if has_recomputable_ops(joint_module):
         cleanup_recompute_tags(joint_module)
     joint_graph = joint_module.graph
     node_info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
@@ -216,19 +212,16 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     chosen, solution = _choose_saved_values(joint_graph, node_info, budget)
     saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not _is_assert_only_symbool(n)]
     saved_values = [n for n in chosen if not is_sym_node(n)]
-    if recompute_annotated and recompute_rng:
-        fw_module, bw_module, saved_values, saved_sym_nodes = extract_forward_backward(
-            joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-        fw_module, bw_module = functionalize_rng_ops(joint_module, fw_module, bw_module,
-                                                     len(saved_sym_nodes))
-        bw_module = reorder_backward(bw_module)
-    else:
-        fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
-            joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-        reorder_backward_graph(bw_graph)  # before wrapping: one code generation per module
-        fw_module = make_graph_module(joint_module, fw_graph)
-        bw_module = make_graph_module(joint_module, bw_graph)
-    report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, solution, budget)
+    fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
+        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+    # Recompute must be a pure replay: every random op run again in the backward replays the
+    # forward's RNG state, whatever made it recomputed.
+    replayed = replay_random_ops(fw_graph, bw_graph, len(saved_sym_nodes))
+    reorder_backward_graph(bw_graph)  # before wrapping: one code generation per module
+    fw_module = make_graph_module(joint_module, fw_graph)
+    bw_module = make_graph_module(joint_module, bw_graph)
+    report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, solution, budget,
+                          replayed)
     log_report(report)
     if read_flag("debug_partitioner"):
         _print_debug_summary(saved_values, fw_module, bw_module)

@@ -13,10 +13,12 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
+from torch._higher_order_ops.effects import has_effects
 
-from .classify import NodeInfo, OpTypes, aten_packet
+from .classify import NodeInfo, OpTypes, aten_packet, is_random
 from .flags import read_flag
 from .passes.recompute_tags import must_recompute, must_save
+from .passes.rng import replay_obstacle
 from .sizes import node_nbytes
 
 aten = torch.ops.aten
@@ -89,8 +91,32 @@ Predicate = Callable[[fx.Node, PolicyContext], "str | None"]
 
 # ---- one predicate per heuristic -------------------------------------------------------------
 
-def must_save_annotation(node: fx.Node, ctx: PolicyContext) -> str | None:
-    return "MUST_SAVE annotation" if must_save(node) else None
+def is_effectful(node: fx.Node) -> bool:
+    """An op with a side effect (threaded through effect tokens once functionalized)."""
+    target = node.target
+    if target is torch.ops.higher_order.with_effects:
+        return True
+    return isinstance(target, torch._ops.OpOverload) and has_effects(target)
+
+
+def never_recompute(node: fx.Node) -> str | None:
+    """Why ``node`` may never be recomputed, whatever the options or the budget, or None.
+
+    Recompute must be a pure replay of the forward: these nodes would not give the forward's
+    value again (or would repeat a side effect). The budget search never releases them.
+    """
+    if must_save(node):
+        return "MUST_SAVE annotation"
+    obstacle = replay_obstacle(node)
+    if obstacle is not None:
+        return obstacle
+    if is_effectful(node):
+        return "effectful op: recomputing would repeat its side effect"
+    return None
+
+
+def never_recomputable(node: fx.Node, ctx: PolicyContext) -> str | None:
+    return never_recompute(node)
 
 
 def not_in_allowlist(node: fx.Node, ctx: PolicyContext) -> str | None:
@@ -100,8 +126,11 @@ def not_in_allowlist(node: fx.Node, ctx: PolicyContext) -> str | None:
 
 
 def random_op(node: fx.Node, ctx: PolicyContext) -> str | None:
-    if not ctx.options.ban_if_not_in_allowlist and ctx.op_types.is_random(node):
-        return "random op: recomputing would draw new random numbers"
+    # Recomputing would replay the forward's RNG state (passes/rng.py): correct, but it costs
+    # a saved state and a second draw, so only the memory budget lifts this ban.
+    if not ctx.options.ban_if_not_in_allowlist and (ctx.op_types.is_random(node)
+                                                    or is_random(node)):
+        return "random op: recomputing costs a second draw and a saved RNG state"
     return None
 
 
@@ -149,7 +178,7 @@ def reduction(node: fx.Node, ctx: PolicyContext) -> str | None:
 
 # Order matters only for which reason is reported first; it follows seed 004.
 NODE_PREDICATES: tuple[Predicate, ...] = (
-    must_save_annotation,
+    never_recomputable,
     not_in_allowlist,
     random_op,
     compute_intensive,
@@ -162,7 +191,7 @@ NODE_PREDICATES: tuple[Predicate, ...] = (
 def _never_banned(node: fx.Node, ctx: PolicyContext) -> bool:
     if node.op != "call_function" or node.target is operator.getitem:
         return True
-    if must_save(node):
+    if must_save(node) or is_effectful(node):
         return False
     if ctx.recompute_views and ctx.op_types.is_view(node):
         return True

@@ -16,6 +16,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .classify import NodeInfo, is_primal
+from .passes.rng import RNG_STATE_PREFIX
 from .sizes import node_nbytes
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class PartitionReport:
         if self.banned:
             lines.append("banned from recomputation:")
             lines.extend(f"  {name:<28} {why}" for name, why in self.banned.items())
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 
@@ -73,11 +75,12 @@ def _saved_reason(node: fx.Node, banned: dict[fx.Node, str], solution: Any) -> s
     return "cut: cheapest place to cut"
 
 
-def _recomputed_reason(node: fx.Node) -> str:
+def _recomputed_reason(node: fx.Node, replayed: set[str]) -> str:
     policy = node.meta.get("recompute")
+    replay = ", replaying the forward's RNG state" if node.name in replayed else ""
     if policy in (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE):
-        return f"{policy.name} annotation"
-    return "recomputed: cheaper to recompute from saved values than to save"
+        return f"{policy.name} annotation{replay}"
+    return f"recomputed: cheaper to recompute from saved values than to save{replay}"
 
 
 def _decision(node: fx.Node, decision: str, reason: str) -> NodeDecision:
@@ -90,18 +93,33 @@ def _decision(node: fx.Node, decision: str, reason: str) -> NodeDecision:
 
 def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
                  bw_module: fx.GraphModule, node_info: NodeInfo,
-                 solution: MinCutSolution | None, memory_budget: float) -> PartitionReport:
+                 solution: MinCutSolution | None, memory_budget: float,
+                 replayed: list[str] | None = None) -> PartitionReport:
+    """``replayed``: names of the random ops the backward recomputes on the forward's RNG
+    state (their states are saved too, and counted in ``saved_bytes``)."""
     banned = solution.banned if solution is not None else {}
+    replayed_set = set(replayed or ())
     saved = [_decision(n, SAVED, _saved_reason(n, banned, solution))
              for n in [*saved_values, *saved_sym_nodes]]
     forward_by_name = {n.name: n for n in node_info.required_fw}
+    recomputed_names = [n.name for n in bw_module.graph.nodes
+                        if n.op == "call_function" and n.name in forward_by_name]
+    # A replayed op runs under run_with_rng_state in the backward, under another name.
+    recomputed_names += sorted(replayed_set - set(recomputed_names))
     recomputed = [
-        _decision(forward_by_name[n.name], RECOMPUTED, _recomputed_reason(forward_by_name[n.name]))
-        for n in bw_module.graph.nodes
-        if n.op == "call_function" and n.name in forward_by_name
+        _decision(forward_by_name[name], RECOMPUTED,
+                  _recomputed_reason(forward_by_name[name], replayed_set))
+        for name in recomputed_names if name in forward_by_name
     ]
+    state_bytes = [node_nbytes(p) for p in bw_module.graph.find_nodes(op="placeholder")
+                   if p.name.startswith(RNG_STATE_PREFIX)]
     saved_bytes = sum(node_nbytes(n) for n in saved_values
-                      if isinstance(n.meta.get("val"), torch.Tensor))
+                      if isinstance(n.meta.get("val"), torch.Tensor)) + sum(state_bytes)
+    notes = []
+    if replayed_set:
+        notes.append(f"{len(replayed_set)} recomputed random op(s) replay the forward's RNG "
+                     f"state ({sum(state_bytes)} bytes saved for it): "
+                     f"{', '.join(sorted(replayed_set))}")
     return PartitionReport(
         saved=saved,
         recomputed=recomputed,
@@ -109,6 +127,7 @@ def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
         memory_budget=memory_budget,
         saved_bytes=saved_bytes,
         solver=solution.solver if solution is not None else "inputs only",
+        notes=notes,
     )
 
 

@@ -7,23 +7,22 @@ from .dce import eliminate_dead_code
 from .recompute_tags import (
     cleanup_recompute_tags,
     has_recomputable_ops,
-    has_recomputable_rng_ops,
     must_recompute,
     must_save,
     save_readers_of_mutated_inputs,
 )
 from .reorder import reorder_backward
-from .rng import functionalize_rng_ops
+from .rng import replay_obstacle, replay_random_ops
 
 __all__ = [
     "cleanup_recompute_tags",
     "eliminate_common_subexpressions",
     "eliminate_dead_code",
-    "functionalize_rng_ops",
     "has_recomputable_ops",
-    "has_recomputable_rng_ops",
     "must_recompute",
     "must_save",
     "reorder_backward",
+    "replay_obstacle",
+    "replay_random_ops",
     "save_readers_of_mutated_inputs",
 ]

@@ -8,7 +8,6 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from ..classify import is_random
 
 RECOMPUTE_POLICIES = (CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE)
 SAVE_POLICIES = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
@@ -27,10 +26,6 @@ def must_save(node: fx.Node) -> bool:
 
 def has_recomputable_ops(module: fx.GraphModule) -> bool:
     return any(must_recompute(n) for n in module.graph.nodes)
-
-
-def has_recomputable_rng_ops(module: fx.GraphModule) -> bool:
-    return any(must_recompute(n) and is_random(n) for n in module.graph.nodes)
 
 
 def cleanup_recompute_tags(joint_module: fx.GraphModule) -> fx.GraphModule:
@@ -68,31 +63,61 @@ def _written_placeholder_args(node: fx.Node, schema: torch.FunctionSchema) -> li
             and (not written or name in written)]
 
 
-def _mutated_inputs(graph: fx.Graph) -> set[fx.Node]:
-    """Graph inputs that are written in place: after the forward (the runtime copies a
-    functionalized op's new value back, e.g. batch-norm running stats) or by a ``copy_``."""
-    mutated: set[fx.Node] = set()
+def _mutated_inputs(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
+    """(inputs written back after the forward, inputs written inside the graph).
+
+    After the forward: the runtime copies a functionalized op's new value back (``aot_module``
+    without ``keep_inference_input_mutations``). Inside: a ``copy_`` into the input (the
+    torch.compile path), which also decides for a functional op writing the same input.
+    """
+    functional_writes: set[fx.Node] = set()
+    in_graph: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op != "call_function":
             continue
         schema = getattr(node.target, "_schema", None)
         if schema is not None and schema.name.endswith("_functional"):
-            mutated.update(_written_placeholder_args(node, schema))
+            functional_writes.update(_written_placeholder_args(node, schema))
         elif node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
-            mutated.add(node.args[0])
-    return mutated
+            in_graph.add(node.args[0])
+    return functional_writes - in_graph, in_graph
+
+
+_BATCH_NORM_STATS = ("running_mean", "running_var")
+
+
+def _only_updates(reader: fx.Node, value: fx.Node) -> bool:
+    """Whether ``reader`` reads ``value`` only to compute its new value: a training-mode batch
+    norm's running stats (its output and saved statistics come from the batch alone)."""
+    schema = getattr(reader.target, "_schema", None)
+    if schema is None or "batch_norm" not in schema.name:
+        return False
+    bound = dict(zip((a.name for a in schema.arguments), reader.args))
+    bound.update(reader.kwargs)
+    if bound.get("training", True) is not True:  # the *_with_update ops have no flag
+        return False
+    uses = [name for name, arg in bound.items() if arg is value]
+    return bool(uses) and all(name in _BATCH_NORM_STATS for name in uses)
 
 
 def save_readers_of_mutated_inputs(joint_module: fx.GraphModule) -> fx.GraphModule:
-    """Mark MUST_SAVE every node that reads a graph input the runtime updates in place.
+    """Mark MUST_SAVE every node whose recompute would read an input after its update.
 
-    Recomputing such a node in the backward would read the input after its update, which is
-    numerically wrong and trips autograd's version check ("modified by an inplace operation");
-    torch's own partitioner does exactly that for training-mode batch norm under a memory budget.
+    Written back after the forward (``aot_module`` without ``keep_inference_input_mutations``):
+    every reader, since autograd's version check fails on the saved input ("modified by an
+    inplace operation"; torch's own partitioner crashes there for training-mode batch norm
+    under a memory budget). Written inside the forward by a ``copy_``: every reader whose
+    value depends on the old contents; a training-mode batch norm does not (it reads its
+    running stats only to update them), so it stays recomputable, as in torch.
     """
-    mutated = _mutated_inputs(joint_module.graph)
+    after_forward, in_graph = _mutated_inputs(joint_module.graph)
     for node in joint_module.graph.nodes:
-        if node.op == "call_function" and any(a in mutated for a in node.all_input_nodes):
+        if node.op != "call_function" or node.target is torch.ops.aten.copy_.default:
+            continue
+        inputs = node.all_input_nodes
+        hazard = any(a in after_forward for a in inputs) or any(
+            a in in_graph and not _only_updates(node, a) for a in inputs)
+        if hazard:
             if must_recompute(node):
                 log.warning("%s reads an input updated in place; saving it despite its %s "
                             "annotation", node.name, node.meta["recompute"])

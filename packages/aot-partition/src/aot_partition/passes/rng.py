@@ -1,13 +1,20 @@
-"""RNG functionalization: a recomputed random op must reproduce the forward's values.
+"""RNG replay: a recomputed random op must reproduce the forward's values.
 
-For every random op a checkpoint policy recomputes, the forward runs it through
-``run_and_save_rng_state`` and returns the RNG state it started from; the backward replays it
-with ``run_with_rng_state`` on that state. Dropout masks then match between the passes.
+Every random op that runs in both the forward and the backward graph (recomputed for any
+reason: the memory-budget knapsack, aggressive options, a checkpoint policy) runs in the
+forward through ``run_and_save_rng_state``, which returns the RNG state it started from; the
+backward replays it with ``run_with_rng_state`` on that state. Dropout masks then match
+between the passes, and the backward leaves the global RNG where it was. The saved state is
+small next to a mask on real sizes: 16 bytes on CUDA, 5,056 bytes (Mersenne Twister) on CPU.
+
+A random op that cannot be replayed (its own ``generator=``, or a device other than CPU and
+CUDA) is never recomputed: ``replay_obstacle`` says why, and the policy bans it for good.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 
 import torch
@@ -15,16 +22,42 @@ import torch.fx as fx
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
 from .._compat import saved_output_desc_type, saved_output_descs
-from ..classify import is_random
-from .recompute_tags import must_recompute
+from ..classify import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+
+REPLAYABLE_DEVICES = ("cpu", "cuda")
+RNG_STATE_PREFIX = "rng_state_output_"  # names of the backward's RNG-state inputs
 
 
-def _device_of(node: fx.Node) -> torch.device:
+def _devices_of(node: fx.Node) -> set[torch.device]:
     values = node.meta.get("val")
-    for value in values if isinstance(values, (tuple, list)) else (values,):
-        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
-            return value.device
-    return torch.device("cpu")
+    return {v.device for v in (values if isinstance(values, (tuple, list)) else (values,))
+            if isinstance(v, torch.Tensor)}
+
+
+def device_of(node: fx.Node) -> torch.device:
+    cuda = [d for d in _devices_of(node) if d.type == "cuda"]
+    return cuda[0] if cuda else torch.device("cpu")
+
+
+def replay_obstacle(node: fx.Node) -> str | None:
+    """Why recomputing random ``node`` could not replay the forward's draw, or None."""
+    if not is_random(node):
+        return None
+    if node.kwargs.get("generator") is not None:
+        return ("random op with its own generator: only the default generator's state can "
+                "be replayed")
+    other = sorted(str(d) for d in _devices_of(node) if d.type not in REPLAYABLE_DEVICES)
+    if other:
+        return f"random op on {', '.join(other)}: its RNG state cannot be replayed"
+    return None
+
+
+@functools.cache
+def rng_state_nbytes(device_type: str) -> int:
+    """Bytes of one saved RNG state for ``device_type`` (what replaying a random op costs)."""
+    if device_type == "cuda":
+        return 16  # seed and offset of the Philox generator
+    return torch.get_rng_state().numel()
 
 
 def _sample_rng_state(device: torch.device) -> torch.Tensor:
@@ -36,32 +69,31 @@ def _sample_rng_state(device: torch.device) -> torch.Tensor:
     return fake_mode.from_tensor(state) if fake_mode is not None else state
 
 
-def functionalize_rng_ops(joint_module: fx.GraphModule, fw_module: fx.GraphModule,
-                          bw_module: fx.GraphModule, num_sym_nodes: int
-                          ) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Thread RNG states from forward to backward for recomputed random ops.
+def recomputed_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph
+                          ) -> list[tuple[fx.Node, fx.Node]]:
+    """(forward node, backward node) of each random op both graphs run, in forward order."""
+    bw_random = {n.name: n for n in bw_graph.nodes if is_random(n)}
+    return [(n, bw_random[n.name]) for n in fw_graph.nodes
+            if n.name in bw_random and is_random(n)]
+
+
+def replay_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph, num_sym_nodes: int
+                      ) -> list[str]:
+    """Thread RNG states from forward to backward for every recomputed random op.
 
     The states become extra saved tensors: forward outputs just before the saved symbolic
-    scalars, backward inputs just before the tangents.
+    scalars, backward inputs just before the tangents. Returns the names of the replayed ops.
     """
-    fw_random = {n.name: n for n in fw_module.graph.nodes if is_random(n)}
-    bw_random = {n.name: n for n in bw_module.graph.nodes if is_random(n)}
-    pairs = [(fw_random[n.name], bw_random[n.name]) for n in joint_module.graph.nodes
-             if must_recompute(n) and is_random(n)
-             and n.name in fw_random and n.name in bw_random]
+    pairs = recomputed_random_ops(fw_graph, bw_graph)
     if not pairs:
-        return fw_module, bw_module
-    first_tangent = next((p for p in bw_module.graph.find_nodes(op="placeholder")
-                          if "tangent" in p.name), None)
-    if first_tangent is None:
-        raise RuntimeError(
-            "RNG functionalization found no tangent placeholder in the backward graph; the "
-            "backward must take tangents to place RNG states before them"
-        )
-    fw_graph, bw_graph = fw_module.graph, bw_module.graph
+        return []
+    placeholders = list(bw_graph.find_nodes(op="placeholder"))
+    # Saved tensors end where the tangents (or backward seeds, or backward state) begin.
+    after_saved = next((p for p in placeholders if is_tangent(p) or is_bwd_seed_offset(p)
+                        or is_backward_state(p)), None)
     states: list[fx.Node] = []
     for index, (fw_node, bw_node) in enumerate(pairs):
-        device = _device_of(fw_node)
+        device = device_of(fw_node)
         with fw_graph.inserting_before(fw_node):
             both = fw_graph.call_function(run_and_save_rng_state,
                                           (fw_node.target, *fw_node.args), fw_node.kwargs)
@@ -72,9 +104,12 @@ def functionalize_rng_ops(joint_module: fx.GraphModule, fw_module: fx.GraphModul
         fw_node.replace_all_uses_with(result)
         fw_graph.erase_node(fw_node)
         states.append(state)
-        with bw_graph.inserting_before(first_tangent):
-            saved_state = bw_graph.placeholder(f"rng_state_output_{index}")
+        where = (bw_graph.inserting_before(after_saved) if after_saved is not None
+                 else bw_graph.inserting_after(placeholders[-1]))
+        with where:
+            saved_state = bw_graph.placeholder(f"{RNG_STATE_PREFIX}{index}")
             saved_state.meta["val"] = _sample_rng_state(device)
+        placeholders.append(saved_state)
         with bw_graph.inserting_before(bw_node):
             replay = bw_graph.call_function(run_with_rng_state,
                                             (saved_state, bw_node.target, *bw_node.args),
@@ -93,6 +128,4 @@ def functionalize_rng_ops(joint_module: fx.GraphModule, fw_module: fx.GraphModul
         user_descs = [d for d in descs if not isinstance(d, saved_type)]
         output.meta["desc"] = user_descs + (
             saved_output_descs(len(output.args[0]) - len(user_descs)) or [])
-    fw_module.recompile()
-    bw_module.recompile()
-    return fw_module, bw_module
+    return [fw.name for fw, _ in pairs]
