@@ -62,14 +62,26 @@ def _written_placeholder_args(node: fx.Node, schema: torch.FunctionSchema) -> li
             and (not written or name in written)]
 
 
+def _inputs_returned_as_mutations(graph: fx.Graph) -> set[fx.Node]:
+    """Inputs whose new value the forward returns for the runtime to copy back (output
+    descriptors ``InputMutationAOTOutput``, matched to the placeholders' descriptors)."""
+    output = next(iter(graph.find_nodes(op="output")))
+    mutated = [getattr(d, "mutated_input", None) for d in output.meta.get("desc") or ()]
+    mutated = [d for d in mutated if d is not None]
+    if not mutated:
+        return set()
+    return {p for p in graph.find_nodes(op="placeholder") if p.meta.get("desc") in mutated}
+
+
 def _mutated_inputs(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
     """(inputs written back after the forward, inputs written inside the graph).
 
-    After the forward: the runtime copies a functionalized op's new value back (``aot_module``
-    without ``keep_inference_input_mutations``). Inside: a ``copy_`` into the input (the
-    torch.compile path), which also decides for a functional op writing the same input.
+    After the forward: the runtime copies a new value back, named by the output descriptors,
+    or, where a graph has none, guessed from a functionalized op's ``<arg>_out`` returns
+    (``aot_module`` without ``keep_inference_input_mutations``). Inside: a ``copy_`` into the
+    input (the torch.compile path), which also decides for a functional op writing it.
     """
-    functional_writes: set[fx.Node] = set()
+    functional_writes = _inputs_returned_as_mutations(graph)
     in_graph: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op != "call_function":
