@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from .classify import NodeInfo, OpTypes, classify, default_op_types
-from .errors import InfeasibleMinCutError, MissingMetadataError, PartitionError
+from .errors import (
+    GraphCycleError,
+    InfeasibleMinCutError,
+    MissingMetadataError,
+    PartitionError,
+)
 from .mincut import FlowNetwork, MinCut, get_solver
 from .partitioners import default_partition, min_cut_rematerialization_partition
 from .policy import MinCutOptions
@@ -19,6 +24,7 @@ from .solve import solve_min_cut
 
 __all__ = [
     "FlowNetwork",
+    "GraphCycleError",
     "InfeasibleMinCutError",
     "MinCut",
     "MinCutOptions",

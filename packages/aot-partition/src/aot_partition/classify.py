@@ -18,6 +18,8 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.sym_node import magic_methods, method_to_operator
 
+from .errors import GraphCycleError
+
 aten = torch.ops.aten
 prims = torch.ops.prims
 
@@ -234,6 +236,36 @@ class NodeInfo:
         if node not in self.fw_order:
             raise KeyError(f"node '{node.name}' is not a required forward node")
         return self.fw_order[node]
+
+
+def check_topological_order(graph: fx.Graph) -> None:
+    """Raise GraphCycleError naming the first node that reads a later one (and the cycle)."""
+    seen: set[fx.Node] = set()
+    for node in graph.nodes:
+        for arg in node.all_input_nodes:
+            if arg not in seen:
+                raise GraphCycleError(node.name, arg.name, _cycle_through(node, arg))
+        seen.add(node)
+
+
+def _cycle_through(node: fx.Node, arg: fx.Node) -> list[str] | None:
+    """Names along the cycle node -> ... -> arg -> node (``arg`` depends on ``node``), if any."""
+    parents: dict[fx.Node, fx.Node | None] = {node: None}
+    stack = [node]
+    while stack:  # walk users from node until arg
+        cur = stack.pop()
+        if cur is arg:
+            path = []
+            step: fx.Node | None = cur
+            while step is not None:
+                path.append(step.name)
+                step = parents[step]
+            return [*reversed(path), node.name]
+        for user in cur.users:
+            if user not in parents:
+                parents[user] = cur
+                stack.append(user)
+    return None
 
 
 def computable_from(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:

@@ -36,3 +36,19 @@ class InfeasibleMinCutError(PartitionError):
             "Make one node on this path saveable (a tensor with meta['val']) or recomputable "
             "(drop its ban or MUST_SAVE/MUST_RECOMPUTE annotation)."
         )
+
+
+class GraphCycleError(PartitionError):
+    """A joint-graph node reads a value computed after it: the graph has a cycle (or is out
+    of topological order)."""
+
+    def __init__(self, node_name: str, input_name: str, cycle: list[str] | None) -> None:
+        self.node_name, self.input_name, self.cycle = node_name, input_name, cycle
+        if cycle:
+            what = f"the joint graph has a cycle: {' -> '.join(cycle)}"
+        else:
+            what = "the joint graph is not in topological order"
+        super().__init__(
+            f"{what} (node '{node_name}' reads '{input_name}', which comes after it). A "
+            "joint graph must be acyclic, each node after its inputs, as fx traces it."
+        )

@@ -21,6 +21,7 @@ from ._compat import make_graph_module
 from .classify import (
     NodeInfo,
     ancestors_within,
+    check_topological_order,
     classify,
     forward_and_backward_outputs,
     is_fwd_seed_offset,
@@ -67,19 +68,22 @@ def default_partition(
     *,
     num_fwd_outputs: int,
     static_lifetime_input_indices: Sequence[int] | None = None,
-    **_ignored: Any,
+    static_lifetime_input_nodes: Any = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Split like the original ``.forward()``/``.backward()``: save what the backward reads.
 
     The forward holds every op between the forward inputs and the forward outputs; forward
     values the backward uses are saved (only sizes, when the backward needs only those).
     Graphs with checkpoint recompute annotations go to the min-cut partitioner instead.
+    ``static_lifetime_input_nodes`` is accepted for torch compatibility (torch's own callers
+    pass it); the split does not depend on it.
     """
     if has_recomputable_ops(joint_module):
         return min_cut_rematerialization_partition(
             joint_module, _joint_inputs, num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_indices=static_lifetime_input_indices)
     graph = joint_module.graph
+    check_topological_order(graph)
     inputs = [n for n in graph.nodes if is_primal(n) or is_fwd_seed_offset(n)]
     fw_outputs, _, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
     forward_only = extract_subgraph(graph, inputs, fw_outputs)
@@ -117,7 +121,6 @@ def min_cut_rematerialization_partition(
     *,
     num_fwd_outputs: int,
     static_lifetime_input_indices: Sequence[int] | None = None,
-    **_ignored: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Save the cheapest set of values; the backward recomputes the rest from them.
 
@@ -141,6 +144,7 @@ def prepared_joint(joint_module: fx.GraphModule, num_fwd_outputs: int
     the module is not lazy (a direct aot_function call). Dead code is rare in traced joints
     and stays dropped (one code generation then).
     """
+    check_topological_order(joint_module.graph)
     if eliminate_dead_code_in_graph(joint_module.graph):
         joint_module.recompile()
     merged = None
