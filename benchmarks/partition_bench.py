@@ -4,7 +4,9 @@ For each model and activation-memory budget, both partitioners split fresh copie
 graph. Columns: partition wall time (median of --repeats, each on a fresh deep copy; the copy
 is not timed), saved activation bytes and tensor count, recompute FLOPs (FLOPs of the forward
 plus backward graphs, counted on meta tensors, minus the joint graph's = eager's), and the
-ratios ours/torch. A second table times ``dp_knapsack`` against torch's on 500 items.
+ratios ours/torch. A second table times ``dp_knapsack`` against torch's on 500 items; a third
+(``recompute_correctness.py``) checks a dropout MLP and a batch-norm CNN against eager at
+budgets 1.0 / 0.5 / 0.0 with both partitioners, with saved bytes and RNG-state bytes.
 
 Two settings (``--graph-modules``): ``lazy`` is how torch.compile runs a partitioner (Dynamo's
 ``use_lazy_graph_module``, on by default: the joint and the modules built from it generate
@@ -54,6 +56,10 @@ from torch._functorch.partitioners import (
 )
 from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recompute_correctness import correctness_rows  # noqa: E402
+from recompute_correctness import markdown as correctness_markdown  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS: dict[str, dict[str, Any]] = {
@@ -296,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_partitioner(joint, budget, who, reps, mode))
 
     knap = knapsack_rows(500 if not args.smoke else 100, 1 if args.smoke else 5)
+    correct = (correctness_rows(("bn-cnn",), (0.5,)) if args.smoke else correctness_rows())
     meta = {
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, "
                    f"torch threads {torch.get_num_threads()}".replace("  ", " "),
@@ -303,9 +310,11 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "repeats": repeats,
     }
-    report = markdown(rows, knap, meta)
+    report = (markdown(rows, knap, meta) + "\n## Correctness under a budget (dropout, batch "
+              "norm)\n\n" + correctness_markdown(correct))
     with open(os.path.join(args.out, "partition_bench.json"), "w") as f:
-        json.dump({"meta": meta, "rows": [asdict(r) for r in rows], "knapsack": knap}, f,
+        json.dump({"meta": meta, "rows": [asdict(r) for r in rows], "knapsack": knap,
+                   "correctness": [asdict(r) | {"correct": r.correct} for r in correct]}, f,
                   indent=1)
     with open(os.path.join(args.out, "partition_bench.md"), "w") as f:
         f.write(report)

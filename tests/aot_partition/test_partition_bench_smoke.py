@@ -26,5 +26,12 @@ def test_smoke_run_writes_json_markdown_and_png(tmp_path):
     # Same algorithm and knapsack as torch: never more saved bytes at the same budget.
     assert rows["ours"]["saved_bytes"] <= rows["torch"]["saved_bytes"]
     assert all(k["same_answer"] for k in result["knapsack"])
+    # Batch norm under a budget: torch's partitioner fails autograd's version check, ours
+    # equals eager.
+    correct = {row["partitioner"]: row for row in result["correctness"]}
+    assert correct["ours"]["correct"] and correct["ours"]["max_error"] == 0.0
+    assert not correct["torch"]["correct"]
+    assert correct["torch"]["error"].startswith(
+        "RuntimeError: one of the variables needed for gradient computation")
     assert "| model | nodes | budget |" in (tmp_path / "partition_bench.md").read_text()
     assert (tmp_path / "pareto_gpt-1.png").read_bytes()[:4] == b"\x89PNG"

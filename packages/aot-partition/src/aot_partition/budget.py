@@ -190,11 +190,15 @@ class BudgetSearch:
                         and _storage_key(n) not in input_storages]
         self.must_save = [n for n in recomputable if never_recompute(n) is not None]
         must_save = set(self.must_save)
+        # A random op whose RNG state outweighs its output frees nothing when recomputed:
+        # it stays banned (saved) rather than being left to the knapsack's tie-breaking.
+        savings = {n: recompute_savings(n) for n in recomputable if n not in must_save}
         # Biggest first, stable in graph order: the same item order torch's knapsack sees.
-        self.candidates = sorted((n for n in recomputable if n not in must_save),
+        self.candidates = sorted((n for n, saved in savings.items()
+                                  if saved > 0 or not is_random(n)),
                                  key=node_nbytes, reverse=True)
         span = self.max_bytes - self.min_bytes
-        self.memories = [recompute_savings(n) / span for n in self.candidates]
+        self.memories = [savings[n] / span for n in self.candidates]
         self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
 
     def knapsack(self, memory_budget: float, solver: str | None = None) -> KnapsackResult:
@@ -236,10 +240,7 @@ class BudgetSearch:
         can be cheaper to save than a big input; MUST_SAVE nodes (annotated, or reading an
         input updated in place) always stay in the forward, so then only the cut qualifies."""
         assert self.aggressive_options is not None
-        # Released: every candidate whose recompute frees memory (a random op whose RNG
-        # state outweighs its output stays saved).
-        released = {c for c, m in zip(self.candidates, self.memories) if m > 0}
-        cut, _ = self.solve(self.aggressive_options, released)
+        cut, _ = self.solve(self.aggressive_options, set(self.candidates))
         if self.must_save:
             return cut
         inputs = list(self.node_info.inputs)
