@@ -186,10 +186,11 @@ def test_only_batch_norm_reading_running_stats_is_kept_in_forward(capture):
     module = save_readers_of_mutated_inputs(joint.module)
     tagged = {n.name for n in module.graph.nodes
               if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE}
-    # Both forward batch norms (their running stats are written back), not the backward ones,
-    # and not the convolutions that read the (unmutated) weights.
+    # Both forward batch norms (their running stats are written back) and the increments of
+    # num_batches_tracked (written back too, named by the output descriptors), not the
+    # backward ones, and not the convolutions that read the (unmutated) weights.
     assert tagged == {"_native_batch_norm_legit_functional",
-                      "_native_batch_norm_legit_functional_1"}
+                      "_native_batch_norm_legit_functional_1", "add", "add_1"}
     with functorch_config.patch(activation_memory_budget=0.0):
         _, bw, _ = partition_with_report(capture(case.module, *case.inputs).module,
                                          num_fwd_outputs=joint.num_fwd_outputs)
