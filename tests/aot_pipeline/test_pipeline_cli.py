@@ -102,7 +102,7 @@ def test_in_process_errors_return_status_two(capsys):
     assert main(["pareto", "--budgets", "0.5,2"]) == 2
     assert "--budgets: memory_budget must be in [0, 1]" in capsys.readouterr().err
     assert main(["train", "--steps", "0"]) == 2
-    assert "must be >= 1, got 0" in capsys.readouterr().err
+    assert "must be between 1 and 100000, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.cuda
@@ -111,3 +111,63 @@ def test_train_on_cuda_reports_peak_memory():
                      "--device", "cuda")
     assert result.returncode == 0, result.stderr
     assert "peak CUDA memory" in result.stdout
+
+
+def _probe(*args: str) -> tuple[int, bool, str]:
+    """Run the CLI's main in a fresh interpreter: (exit status, torch imported?, stderr)."""
+    import json
+
+    probe = ("import json, sys; from aot_pipeline.cli import main; code = main(sys.argv[1:]); "
+             "print(json.dumps([code, 'torch' in sys.modules]))")
+    result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True,
+                            text=True, timeout=60)
+    code, imported = json.loads(result.stdout)
+    return code, imported, result.stderr.strip()
+
+
+def test_output_paths_are_checked_before_torch_is_imported(tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("")
+    cases = [
+        (("train", "--json", str(tmp_path)),
+         f"argument --json: {str(tmp_path)!r} is a directory; give a file path"),
+        (("train", "--json", str(a_file / "r.json")),
+         f"argument --json: cannot write {str(a_file / 'r.json')!r}: {str(a_file)!r} is not a "
+         "directory"),
+        (("pareto", "--output", str(tmp_path)),
+         f"argument --output: {str(tmp_path)!r} is a directory; give a file path"),
+        (("pareto", "--output", str(tmp_path / "plot.svg")),
+         f"argument --output: {str(tmp_path / 'plot.svg')!r} must name a .png file"),
+    ]
+    for args, message in cases:
+        code, imported, err = _probe(*args)
+        assert (code, imported) == (2, False), (args, err)
+        assert err == f"aot-pipeline: error: {message}", err
+
+
+def test_counts_budgets_and_variants_are_checked_before_torch_is_imported():
+    cases = [
+        (("train", "--layers", "1000"), "argument --layers: must be between 1 and 64, got 1000"),
+        (("pareto", "--layers", "0"), "argument --layers: must be between 1 and 64, got 0"),
+        (("train", "--steps", "1e9"), "argument --steps: '1e9' is not a whole number"),
+        (("pareto", "--budgets", "1,,0"), "argument --budgets: '1,,0' has an empty item; give "
+                                          "budgets in [0, 1] separated by commas, e.g. 1,0.5,0"),
+        (("pareto", "--budgets", "1,half"), "argument --budgets: 'half' is not a number in "
+                                            "[0, 1]"),
+        (("train", "--variants", "eager,jax"), "argument --variants: unknown variant(s) jax; "
+                                               "choose from eager, inductor, aot_pipeline"),
+    ]
+    for args, message in cases:
+        code, imported, err = _probe(*args)
+        assert (code, imported) == (2, False), (args, err)
+        assert err == f"aot-pipeline: error: {message}", err
+
+
+def test_json_into_a_missing_folder_is_written_after_training(tmp_path):
+    target = tmp_path / "new" / "dir" / "r.json"
+    result = run_cli("train", "--model", "mlp", "--layers", "1", "--steps", "1",
+                     "--variants", "eager", "--no-progress", "--json", str(target))
+    assert result.returncode == 0, result.stderr
+    import json
+
+    assert json.loads(target.read_text())["settings"]["variants"] == ["eager"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -15,13 +16,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .model_names import MODEL_NAMES
+from .model_names import MODEL_NAMES, VARIANTS
 from .options import COMPILERS, SOLVERS, PipelineOptionError, validate_memory_budget
 
 log = logging.getLogger(__name__)
 
 PROG = "aot-pipeline"
 USAGE_ERROR = 2
+# The built-in models are tiny but a CPU run still grows with depth: beyond this a typo (1000
+# for 10) would run for hours before anyone noticed.
+MAX_LAYERS = 64
+MAX_STEPS = 100_000
 
 
 class UsageError(Exception):
@@ -44,14 +49,72 @@ def _budget(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive(text: str) -> int:
+def _whole_number(text: str, maximum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if not 1 <= value <= maximum:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {maximum}, got {value}")
     return value
+
+
+def _layers(text: str) -> int:
+    return _whole_number(text, MAX_LAYERS)
+
+
+def _steps(text: str) -> int:
+    return _whole_number(text, MAX_STEPS)
+
+
+def _budget_list(text: str) -> list[float]:
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item; give budgets in [0, 1] "
+                                         "separated by commas, e.g. 1,0.5,0")
+    return [_budget(item) for item in items]
+
+
+def _variant_list(text: str) -> list[str]:
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise argparse.ArgumentTypeError(
+            f"unknown variant(s) {', '.join(unknown) or '(none)'}; "
+            f"choose from {', '.join(VARIANTS)}")
+    return variants
+
+
+def _output_file(suffix: str | None) -> Any:
+    """An argparse type for a file the command writes at the end: checked before any work.
+
+    The path must not be a directory, must end in ``suffix`` (when given), and its nearest
+    existing ancestor must be a writable directory (missing folders are created on write).
+    """
+
+    def check(text: str) -> Path:
+        path = Path(text)
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
+        if suffix is not None and path.suffix.lower() != suffix:
+            raise argparse.ArgumentTypeError(f"{text!r} must name a {suffix} file")
+        ancestor = path.absolute().parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(ancestor)!r} is not "
+                                             "a directory")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text!r}: directory "
+                                             f"{str(ancestor)!r} is not writable")
+        return path
+
+    return check
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,13 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     def model_args(sub: argparse.ArgumentParser, default_layers: int) -> None:
         sub.add_argument("--model", choices=MODEL_NAMES, default="gpt",
                          help="built-in tiny model (default gpt)")
-        sub.add_argument("--layers", type=_positive, default=default_layers,
-                         help=f"layers/blocks of the model (default {default_layers})")
+        sub.add_argument("--layers", type=_layers, default=default_layers,
+                         help=f"layers/blocks of the model, 1 to {MAX_LAYERS} "
+                              f"(default {default_layers})")
 
     train = commands.add_parser(
         "train", help="train eager, inductor and aot_pipeline side by side and compare")
     model_args(train, 2)
-    train.add_argument("--steps", type=_positive, default=10, help="SGD steps (default 10)")
+    train.add_argument("--steps", type=_steps, default=10,
+                       help=f"SGD steps, 1 to {MAX_STEPS} (default 10)")
     train.add_argument("--memory-budget", type=_budget, default=1.0,
                        help="activation memory budget in [0, 1] (default 1.0)")
     train.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
@@ -79,17 +144,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run our backward through compiled autograd")
     train.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                        help="cpu (default) or cuda")
-    train.add_argument("--variants", default="eager,inductor,aot_pipeline",
-                       help="comma-separated runs (default eager,inductor,aot_pipeline)")
-    train.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    train.add_argument("--variants", type=_variant_list, default=list(VARIANTS),
+                       help=f"comma-separated runs (default {','.join(VARIANTS)})")
+    train.add_argument("--json", type=_output_file(None),
+                       help="also write the results to this JSON file")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     pareto = commands.add_parser(
         "pareto", help="sweep the memory budget; plot saved memory against recompute")
     model_args(pareto, 2)
-    pareto.add_argument("--output", type=Path, default=Path("pareto.png"),
+    pareto.add_argument("--output", type=_output_file(".png"), default=Path("pareto.png"),
                         help="PNG to write (default pareto.png)")
-    pareto.add_argument("--budgets", help="comma-separated budgets (default: the partitioner's)")
+    pareto.add_argument("--budgets", type=_budget_list,
+                        help="comma-separated budgets in [0, 1] (default: the partitioner's)")
 
     partition = commands.add_parser(
         "partition", help="show which activations are saved or recomputed, and why")
@@ -115,14 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from .report import train_table
-    from .train import VARIANTS, TrainSettings, check_device, train_all
+    from .train import TrainSettings, check_device, train_all
 
     check_device(args.device)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown or not variants:
-        raise UsageError(f"unknown variant(s) {', '.join(unknown) or '(none)'}; "
-                         f"choose from {', '.join(VARIANTS)}")
+    variants = args.variants
     settings = TrainSettings(
         model=args.model, layers=args.layers, steps=args.steps, memory_budget=args.memory_budget,
         solver=args.solver, compiler=args.compiler, compiled_autograd=args.compiled_autograd,
@@ -136,7 +199,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         payload = {"settings": {k: v for k, v in asdict(settings).items()},
                    "results": [asdict(r) for r in results]}
-        args.json.write_text(json.dumps(payload, indent=2, default=list))
+        _write_text(args.json, json.dumps(payload, indent=2, default=list))
     return 0 if all(r.matches_eager is not False for r in results) else 1
 
 
@@ -154,12 +217,7 @@ def _pareto(args: argparse.Namespace) -> int:
 
     from .report import format_table
 
-    budgets = None
-    if args.budgets:
-        try:
-            budgets = [validate_memory_budget(float(b)) for b in args.budgets.split(",")]
-        except ValueError as error:
-            raise UsageError(f"--budgets: {error}") from None
+    budgets = args.budgets
     joint = _joint(args)
     points = memory_budget_pareto(joint.module, joint.inputs,
                                   num_fwd_outputs=joint.num_fwd_outputs, budgets=budgets)

@@ -28,13 +28,13 @@ import torch
 from torch import nn
 
 from . import _compat
+from .model_names import VARIANTS
 from .models import BuiltModel, build_model
 from .options import PipelineOptionError, PipelineOptions
 from .recording import PartitionRecorder
 
 log = logging.getLogger(__name__)
 
-VARIANTS: tuple[str, ...] = ("eager", "inductor", "aot_pipeline")
 LEARNING_RATE = 1e-2
 # Losses of compiled runs agree with eager when within this relative tolerance at every step.
 LOSS_RTOL = 1e-3
