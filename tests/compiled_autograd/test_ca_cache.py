@@ -44,6 +44,47 @@ def test_reentering_enable_with_the_same_compiler_reuses_the_cache(recorder):
     assert compiled_autograd.counters()["captures"] == 1
 
 
+class _Owner:
+    """Hands ``enable`` ``self.compile_backward``: a new bound-method object at every access."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def compile_backward(self, gm):
+        self.calls += 1
+        return gm
+
+
+def test_a_bound_method_given_again_is_the_same_compiler():
+    model, x, owner = _mlp(), torch.randn(4, 8), _Owner()
+    assert owner.compile_backward is not owner.compile_backward
+    for _ in range(5):
+        with compiled_autograd.enable(owner.compile_backward):
+            _step(model, x)
+    assert compiled_autograd.counters() == {"captures": 1, "compiles": 1, "runs": 5}
+    assert owner.calls == 1
+
+
+def test_the_same_method_on_another_instance_is_another_compiler():
+    model, x = _mlp(), torch.randn(4, 8)
+    first, second = _Owner(), _Owner()
+    for owner in (first, second, first):
+        with compiled_autograd.enable(owner.compile_backward):
+            _step(model, x)
+    assert compiled_autograd.counters()["captures"] == 3
+    assert (first.calls, second.calls) == (2, 1)
+
+
+def test_same_compiler():
+    owner, other = _Owner(), _Owner()
+    assert compiled_autograd.same_compiler(owner.compile_backward, owner.compile_backward)
+    assert not compiled_autograd.same_compiler(owner.compile_backward, other.compile_backward)
+    assert not compiled_autograd.same_compiler(owner.compile_backward, _Owner.compile_backward)
+    assert compiled_autograd.same_compiler(_mlp, _mlp)
+    assert not compiled_autograd.same_compiler(None, _mlp)
+    assert not compiled_autograd.same_compiler(lambda gm: gm, lambda gm: gm)
+
+
 def test_new_batch_size_runs_the_dynamic_graph_and_is_correct(recorder):
     model = _mlp()
     with compiled_autograd.enable(recorder, dynamic=True):

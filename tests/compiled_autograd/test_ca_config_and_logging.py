@@ -59,10 +59,11 @@ def test_compile_wrapper_captures_backward_inside_the_compiled_call(recorder):
     step = compiled_autograd.compile(train_step, compiler_fn=recorder, backend="eager")
     model.zero_grad()
     step(x)
-    assert recorder.graphs == [], "flag off: eager backward"
-    model.zero_grad()
+    assert recorder.graphs == [], "flag off when compiled: eager backward"
     with dynamo_config.patch(compiled_autograd=True):
-        step(x)
+        step = compiled_autograd.compile(train_step, compiler_fn=recorder, backend="eager")
+    model.zero_grad()
+    step(x)  # the flag was on when compile() ran (see test_ca_flag_at_compile.py)
     assert len(recorder.graphs) == 1
     for p, w in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, w)

@@ -21,6 +21,7 @@ from compiled_autograd.engine import (
     enable,
     is_enabled,
     reset,
+    same_compiler,
 )
 from compiled_autograd.from_config import (
     compile,
@@ -47,4 +48,5 @@ __all__ = [
     "maybe_enable_from_config",
     "protocol_for",
     "reset",
+    "same_compiler",
 ]

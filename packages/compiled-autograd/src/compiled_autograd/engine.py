@@ -5,6 +5,11 @@ which compiler produced a graph (checked on 2.11/2.13/2.15: after ``enable(A)`` 
 ``enable(B)`` silently re-runs A's graph). So this switch records the compiler that filled the
 cache and clears it whenever a different compiler takes over, including torch's own compiled
 autograd (seen through its capture counter) and on leaving a nested ``enable``.
+
+"The same compiler" is :func:`same_compiler`: the same object, or bound methods of the same
+function on the same instance. ``obj.method`` builds a new bound-method object at every attribute
+access, so ``enable(self.compile_backward)`` at every training step must not count as a switch
+(it did, and every step recaptured and recompiled the whole backward).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,13 +60,28 @@ def _owner_of(factory: Any) -> Any:
     return factory.compiler_fn if isinstance(factory, CompilerFactory) else factory
 
 
+def same_compiler(a: Any, b: Any) -> bool:
+    """Whether compilers ``a`` and ``b`` fill the graph cache interchangeably.
+
+    True for one object, and for two bound methods of one function on one instance (each
+    ``obj.method`` access is a new object; Python's ``==`` on them compares exactly this).
+    Anything else, including equal-looking ``functools.partial`` objects, counts as different:
+    a wrong "same" would run another compiler's graph, a wrong "different" only recaptures.
+    """
+    if a is b:
+        return True
+    if isinstance(a, types.MethodType) and isinstance(b, types.MethodType):
+        return a.__func__ is b.__func__ and a.__self__ is b.__self__
+    return False
+
+
 def _hand_cache_to(owner: Any) -> None:
     """Drop the C++ cache unless ``owner`` produced everything in it."""
     global _torch_captures_seen
     torch_captured = _torch_capture_count() != _torch_captures_seen
     if owner is None:
         return  # no compiler installed: nothing will run from the cache
-    if STATE.cache_owner is not owner or torch_captured:
+    if not same_compiler(STATE.cache_owner, owner) or torch_captured:
         if not protocol.cache_is_empty():
             logger.debug("compiler changed: clearing the compiled-autograd cache")
             protocol.clear_cache()
@@ -68,7 +89,8 @@ def _hand_cache_to(owner: Any) -> None:
     _torch_captures_seen = _torch_capture_count()
 
 
-def _refuse_torch_flag() -> None:
+def refuse_torch_flag() -> None:
+    """Raise :class:`CompiledAutogradConflictError` if torch's own flag is on."""
     config = sys.modules.get("torch._dynamo.config")
     if config is not None and getattr(config, "compiled_autograd", False):
         raise CompiledAutogradConflictError(
@@ -89,14 +111,16 @@ def enable(compiler_fn: Callable[..., Any], *, dynamic: bool = True,
     a callable with that signature. ``dynamic=True`` captures sizes symbolically, so a new shape
     reuses the graph; with ``False`` the first capture is static and a shape change recaptures.
     Nested ``enable`` with another compiler replaces the outer one until it exits; each switch
-    clears the engine's graph cache, so the outer compiler recaptures afterwards.
+    clears the engine's graph cache, so the outer compiler recaptures afterwards. Re-entering
+    ``enable`` with the same compiler (the same object, or ``obj.method`` again: see
+    :func:`same_compiler`) keeps the cache, so a training loop captures once.
     """
     protocol.current()
     if not callable(compiler_fn):
         raise TypeError(f"compiler_fn must be callable, got {type(compiler_fn).__name__}")
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool, got {dynamic!r}")
-    _refuse_torch_flag()
+    refuse_torch_flag()
     factory = CompilerFactory(AutogradCompilerInstance, compiler_fn)
     prior, prior_dynamic = protocol.set_compiler(factory, dynamic)
     prior_scalars = STATE.move_cpu_scalars

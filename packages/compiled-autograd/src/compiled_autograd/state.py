@@ -16,7 +16,8 @@ class EngineState:
     runs: int = 0  # compiled graphs executed (hits and misses)
     in_compiled_region: bool = False  # a compiled backward graph is running now
     depth: int = 0  # nesting of enable()
-    # Identity of the compiler whose graphs fill the C++ cache; the cache ignores compilers.
+    # The compiler whose graphs fill the C++ cache (the cache ignores compilers); compared with
+    # engine.same_compiler, never by ==.
     cache_owner: Any = None
     move_cpu_scalars: bool | None = None  # None: follow Inductor's cudagraphs setting
 
