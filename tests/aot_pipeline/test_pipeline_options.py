@@ -93,3 +93,21 @@ def test_from_mapping_overrides_only_what_is_given():
     base = PipelineOptions(memory_budget=0.2, solver="greedy")
     merged = PipelineOptions.from_mapping({"compiler": "nop"}, base)
     assert merged == PipelineOptions(memory_budget=0.2, solver="greedy", compiler="nop")
+
+
+NON_STRING_NAMES = ("aot_pipeline option names must be strings, got 1; valid options are "
+                    "compiled_autograd, compiler, memory_budget, solver and torch._inductor.config "
+                    "settings")
+
+
+def test_option_names_that_are_not_strings_get_our_error():
+    gm = torch.fx.symbolic_trace(nn.Linear(2, 2))
+    with pytest.raises(PipelineOptionError) as caught:
+        aot_pipeline_backend(gm, [torch.randn(1, 2)], options={1: 2})
+    assert str(caught.value) == NON_STRING_NAMES
+    with pytest.raises(PipelineOptionError) as caught:
+        PipelineOptions.from_mapping({1: 2, "x": 3}, PipelineOptions())
+    assert str(caught.value) == NON_STRING_NAMES
+    model = torch.compile(nn.Linear(2, 2), backend="aot_pipeline", options={1: 2})
+    with pytest.raises(Exception, match=NON_STRING_NAMES):
+        model(torch.randn(1, 2))

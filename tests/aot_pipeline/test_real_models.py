@@ -322,3 +322,27 @@ def test_saves_no_more_than_torch(name: str, monkeypatch: pytest.MonkeyPatch) ->
                        aot_partition.saved_activation_bytes(theirs, n)))
     assert all(our_bytes <= their_bytes for our_bytes, their_bytes in report), (
         f"(ours, torch's) saved bytes per graph: {report}")
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.0])
+def test_batch_norm_net_saves_no_more_than_torch_below_budget(budget, monkeypatch) -> None:
+    """torch.compile keeps the running-stat update in the graph, so batch norm may be
+    recomputed: ours must then save no more than torch's partitioner (it used to keep every
+    batch norm in the forward and save 3% more on ResNet-18 at 0.5). ResNet-18 has no dropout,
+    so torch's answer is a correct one to compare with."""
+    name = "tv_resnet18"
+    if name not in _JOINTS:
+        compiled_step(name, 1.0, monkeypatch)
+    for joint, joint_inputs, kwargs in _JOINTS[name]:
+        n = kwargs["num_fwd_outputs"]
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            theirs, _ = torch_partitioners.min_cut_rematerialization_partition(
+                copy.deepcopy(joint), joint_inputs, **kwargs)
+        with functorch_flags.patch(activation_memory_budget=budget):
+            ours, bw = aot_partition.min_cut_rematerialization_partition(
+                copy.deepcopy(joint), joint_inputs, **kwargs)
+        assert (aot_partition.saved_activation_bytes(ours, n)
+                <= aot_partition.saved_activation_bytes(theirs, n))
+        # The rule must not fire here: some batch norm is recomputed in the backward.
+        assert any("_native_batch_norm_legit_functional" in str(node.target)
+                   for node in bw.graph.nodes)

@@ -32,6 +32,38 @@ def custom_partitioner_base() -> type:
     return CustomPartitionerFn
 
 
+def inductor_config_keys() -> frozenset[str]:
+    """The names ``torch.compile(..., options=...)`` accepts for Inductor (its config keys)."""
+    from torch._inductor import config
+
+    return frozenset(config.get_config_copy())
+
+
+def inductor_config_type(name: str) -> Any:
+    """The declared type of ``torch._inductor.config.<name>`` (may be a subscripted generic)."""
+    from torch._inductor import config
+
+    return config.get_type(name)  # type: ignore[attr-defined]
+
+
+def inductor_mode_options(mode: str | None = None) -> dict[str, Any]:
+    """Inductor config for ``torch.compile``'s ``mode`` (all modes when ``mode`` is None).
+
+    The same table ``backend="inductor"`` applies (``torch._inductor.list_mode_options``);
+    an unknown mode raises RuntimeError.
+    """
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode))
+
+
+def reset_cudagraph_trees() -> None:
+    """What ``torch._dynamo.reset()`` does for ``backend="inductor"`` with CUDA graphs."""
+    from torch._inductor.cudagraph_trees import reset_cudagraph_trees as inductor_reset
+
+    inductor_reset()
+
+
 def aot_autograd(**kwargs: Any) -> Callable[..., Any]:
     """Dynamo's AOTAutograd back-end factory (it calls ``aot_module_simplified``)."""
     from torch._dynamo.backends.common import aot_autograd as dynamo_aot_autograd

@@ -57,6 +57,8 @@ class CompiledModel:
             return
         import compiled_autograd
 
+        # A new bound method each time, but compiled_autograd.same_compiler sees the same
+        # function on this same CompiledModel: the engine keeps its cache across steps.
         with compiled_autograd.enable(self._backward_compiler):
             yield
 
@@ -77,6 +79,7 @@ class CompiledModel:
 def compile(  # noqa: A001 - mirrors torch.compile
     model: nn.Module | Callable[..., Any], *, memory_budget: float = 1.0, solver: str = "dp",
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
+    mode: str | None = None, options: dict[str, Any] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
@@ -84,12 +87,16 @@ def compile(  # noqa: A001 - mirrors torch.compile
     (``solver`` picks the knapsack solver: dp, greedy, ilp, ilp_graph, dp_graph); ``compiler``
     compiles forward and backward (inductor, nop, debug_nop, print_compile, ts_compile);
     ``compiled_autograd`` runs ``CompiledModel.backward`` through our compiled autograd;
-    ``dynamic`` is torch.compile's. Bad values raise ``PipelineOptionError`` (a ValueError).
+    ``dynamic`` is torch.compile's. ``mode`` ("default", "reduce-overhead", "max-autotune",
+    "max-autotune-no-cudagraphs") and ``options`` (``torch._inductor.config`` settings) reach
+    Inductor as with ``torch.compile(backend="inductor")``; unlike there, both may be given.
+    Bad values raise ``PipelineOptionError`` (a ValueError).
     """
     if not callable(model):
         raise TypeError(f"compile() needs an nn.Module or a callable, got {type(model).__name__}")
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be None, True or False, got {dynamic!r}")
-    options = PipelineOptions(memory_budget=memory_budget, solver=solver, compiler=compiler,
-                              compiled_autograd=compiled_autograd)
-    return CompiledModel(model, options, dynamic)
+    pipeline_options = PipelineOptions(
+        memory_budget=memory_budget, solver=solver, compiler=compiler,
+        compiled_autograd=compiled_autograd, mode=mode, inductor_options=options or {})
+    return CompiledModel(model, pipeline_options, dynamic)

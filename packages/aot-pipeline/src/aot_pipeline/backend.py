@@ -8,13 +8,21 @@ With Inductor, ``compile_fx`` runs AOTAutograd itself (so its decompositions, jo
 and output-stride handling stay as in ``backend="inductor"``); we hand it our partitioner through
 ``torch._inductor.config.custom_partitioner_fn``, which replaces Inductor's own min-cut
 partitioner. With the other compilers we call AOTAutograd directly with ``partition_fn``.
+
+``AotPipelinePartitioner`` is a module-level class that pickles to our cache key (sources,
+budget, solver, partitioner flags), so Inductor's FX graph cache and AOTAutograd's cache work
+across processes and miss when any of those change. ``mode`` and Inductor ``options`` become
+the same ``compile_fx`` config patches ``backend="inductor"`` uses.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import sys
+import typing
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,7 +30,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import _compat
-from .options import PipelineOptionError, PipelineOptions
+from .options import PipelineOptionError, PipelineOptions, split_options
 from .recording import PartitionRecorder
 
 log = logging.getLogger(__name__)
@@ -65,53 +73,146 @@ def make_partition_fn(options: PipelineOptions,
 
 @cache
 def _sources_digest() -> str:
-    """A digest of the partitioner's and this package's sources, for Inductor's cache key."""
+    """A digest of the partitioner's, our flags' and this package's sources (cache keys)."""
+    import aot_config
     import aot_partition
 
     digest = hashlib.sha256()
-    for package_dir in (Path(aot_partition.__file__).parent, Path(__file__).parent):
+    for package in (aot_partition, aot_config, sys.modules[__package__]):
+        package_dir = Path(package.__file__).parent
         for path in sorted(package_dir.rglob("*.py")):
+            digest.update(path.relative_to(package_dir).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-@cache
-def _inductor_partitioner_class() -> type:
-    base = _compat.custom_partitioner_base()
+def partitioner_cache_key(memory_budget: float, solver: str) -> tuple[str, ...]:
+    """What decides how our partitioner splits a joint graph, for Inductor's and AOTAutograd's
+    cache keys: our sources, the budget and solver, and the hash of every compile-relevant
+    ``aot_config.functorch`` flag as the partitioner will see them (budget and solver patched
+    in, so a flag overridden by the options does not split the cache)."""
+    from aot_config import functorch as functorch_flags
 
-    class AotPipelinePartitioner(base):  # type: ignore[misc, valid-type]
-        """Inductor's ``custom_partitioner_fn``: our partitioner in place of Inductor's."""
-
-        def __init__(self, partition: PartitionFn, cache_key: Any) -> None:
-            self.partition = partition
-            self.cache_key = cache_key
-
-        def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object],
-                     **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
-            return self.partition(gm, joint_inputs, **kwargs)
-
-        def uuid(self) -> Any:
-            return self.cache_key
-
-    return AotPipelinePartitioner
+    with functorch_flags.patch(activation_memory_budget=memory_budget,
+                               activation_memory_budget_solver=solver):
+        flags_hash = functorch_flags.get_hash().hex()
+    return ("aot_pipeline", _sources_digest(), repr(float(memory_budget)), solver, flags_hash)
 
 
-def _inductor_backend(options: PipelineOptions, partition: PartitionFn,
+def _restore_partitioner(memory_budget: float, solver: str,
+                         key_when_pickled: object) -> AotPipelinePartitioner:
+    # The key rides in the pickle only so that a cache hashing the pickled config covers it;
+    # a restored partitioner computes its own from the flags of the process it lands in.
+    del key_when_pickled
+    return AotPipelinePartitioner(memory_budget, solver)
+
+
+class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore[misc]
+    """Inductor's ``custom_partitioner_fn``: our partitioner in place of Inductor's min-cut.
+
+    Inductor pickles its config into the FX graph cache key (and AOTAutograd's), this object
+    included, and adds ``uuid()``: both stand for our sources, the budget, the solver and the
+    partitioner flags (``partitioner_cache_key``), so a change to any of them is a cache miss.
+    The ``recorder`` is not pickled (it collects graphs in this process only).
+    """
+
+    def __init__(self, memory_budget: float, solver: str,
+                 recorder: PartitionRecorder | None = None) -> None:
+        self.memory_budget = memory_budget
+        self.solver = solver
+        self.recorder = recorder
+        self._key = partitioner_cache_key(memory_budget, solver)
+        self._partition = make_partition_fn(
+            PipelineOptions(memory_budget=memory_budget, solver=solver), recorder)
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object],
+                 **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        return self._partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> tuple[str, ...]:
+        return self._key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore_partitioner, (self.memory_budget, self.solver, self._key))
+
+    def __repr__(self) -> str:
+        return f"AotPipelinePartitioner(memory_budget={self.memory_budget}, solver={self.solver!r})"
+
+
+def inductor_config_patches(options: PipelineOptions) -> dict[str, Any]:
+    """The Inductor config ``options.mode`` and ``options.inductor_options`` stand for.
+
+    ``mode`` goes through ``torch._inductor.list_mode_options`` as for ``backend="inductor"``
+    (``"default"`` is no change), then the Inductor options on top, checked like
+    ``torch.compile`` checks them (known name, value of the declared type).
+    """
+    patches: dict[str, Any] = {}
+    if options.mode not in (None, "default"):
+        try:
+            patches.update(_compat.inductor_mode_options(options.mode))
+        except RuntimeError:
+            raise PipelineOptionError(
+                f"unknown mode {options.mode!r}; choose one of "
+                f"{', '.join(_compat.inductor_mode_options())}"
+            ) from None
+    if options.inductor_options:
+        known = _compat.inductor_config_keys()
+        ours, inductor = split_options(options.inductor_config, known)
+        if ours:
+            raise PipelineOptionError(
+                f"{', '.join(sorted(ours))} are aot_pipeline options, not Inductor's; pass them "
+                "as such (aot_pipeline.compile keyword arguments)"
+            )
+        for name, value in inductor.items():
+            if name in _OWN_INDUCTOR_KEYS:
+                raise PipelineOptionError(
+                    f"Inductor option {name!r} is set by aot_pipeline (our partitioner)"
+                )
+            declared = _compat.inductor_config_type(name)
+            if typing.get_origin(declared) is None and isinstance(declared, type) \
+                    and not isinstance(value, declared):
+                raise PipelineOptionError(
+                    f"Inductor option {name!r} must be of type {declared.__name__}, got "
+                    f"{value!r} ({type(value).__name__})"
+                )
+        patches.update(inductor)
+    return patches
+
+
+# Inductor config we set ourselves.
+_OWN_INDUCTOR_KEYS = frozenset({"custom_partitioner_fn"})
+# Whether any of our back ends has compiled with CUDA graphs in this process.
+_used_cudagraphs = False
+
+
+def _reset() -> None:
+    """``torch._dynamo.reset()`` hook: drop CUDA graph trees as ``backend="inductor"`` does."""
+    from torch._inductor import config
+
+    if _used_cudagraphs or config.triton.cudagraphs:
+        _compat.reset_cudagraph_trees()
+
+
+def _inductor_backend(options: PipelineOptions,
                       recorder: PartitionRecorder | None) -> Callable[..., CompiledGraph]:
-    def compile_with_inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        from aot_config import functorch as functorch_flags
+    patches = inductor_config_patches(options)
 
-        # Inductor's caches key on the partitioner's uuid: our sources, options and flags.
-        cache_key = (_sources_digest(), options.memory_budget, options.solver,
-                     functorch_flags.get_hash().hex())
-        config_patches: dict[str, Any] = {
-            "custom_partitioner_fn": _inductor_partitioner_class()(partition, cache_key),
+    def compile_with_inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        global _used_cudagraphs
+
+        config_patches = {
+            **patches,
+            # A new one per graph: its cache key reads the flags as they are now.
+            "custom_partitioner_fn": AotPipelinePartitioner(options.memory_budget,
+                                                            options.solver, recorder),
         }
         if recorder is not None:
             # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder
             # would see nothing; with the FX graph cache off both are bypassed. Kernels stay
             # cached.
             config_patches["fx_graph_cache"] = False
+        if config_patches.get("triton.cudagraphs"):
+            _used_cudagraphs = True
         return _compat.compile_fx()(gm, example_inputs, config_patches=config_patches)
 
     return compile_with_inductor
@@ -135,10 +236,11 @@ def make_backend(options: PipelineOptions | None = None,
     ``recorder`` collects each partitioned forward graph, to measure the bytes it saves.
     """
     options = options if options is not None else default_options()
-    partition = make_partition_fn(options, recorder)
     if options.compiler == "inductor":
-        backend = _inductor_backend(options, partition, recorder)
+        backend = _inductor_backend(options, recorder)
+        backend.reset = _reset  # type: ignore[attr-defined]
     else:
+        partition = make_partition_fn(options, recorder)
         graph_compiler = _graph_compiler(options.compiler)
 
         def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
@@ -155,18 +257,23 @@ def make_backend(options: PipelineOptions | None = None,
 def aot_pipeline_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                          options: dict[str, Any] | None = None,
                          mode: str | None = None) -> CompiledGraph:
-    """``torch.compile(model, backend="aot_pipeline", options={...})``.
+    """``torch.compile(model, backend="aot_pipeline", mode=..., options={...})``.
 
-    ``options`` may set ``memory_budget``, ``solver`` and ``compiler``; unset ones come from
-    ``aot_config.functorch`` (``activation_memory_budget``, ``activation_memory_budget_solver``)
-    and compiler ``"inductor"``.
+    ``options`` may set ``memory_budget``, ``solver`` and ``compiler`` (unset ones come from
+    ``aot_config.functorch``: ``activation_memory_budget``, ``activation_memory_budget_solver``;
+    compiler ``"inductor"``) and any ``torch._inductor.config`` setting; ``mode`` is applied
+    to Inductor as ``backend="inductor"`` applies it.
     """
-    if mode not in (None, "default"):
-        log.warning("aot_pipeline ignores torch.compile mode=%r", mode)
     if options and "compiled_autograd" in options:
         raise PipelineOptionError(
             "compiled_autograd cannot be set through torch.compile options (the backward runs "
             "outside the compiled graph); use aot_pipeline.compile(model, compiled_autograd=True)"
         )
-    resolved = PipelineOptions.from_mapping(options, default_options())
+    resolved = PipelineOptions.from_mapping(options, default_options(),
+                                            _compat.inductor_config_keys())
+    if mode is not None:
+        resolved = replace(resolved, mode=mode)
     return make_backend(resolved)(gm, example_inputs)
+
+
+aot_pipeline_backend.reset = _reset  # type: ignore[attr-defined]

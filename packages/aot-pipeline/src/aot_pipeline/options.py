@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 # The knapsack solvers aot_partition offers for the activation-memory budget (seed 000).
@@ -12,6 +13,9 @@ SOLVERS: tuple[str, ...] = ("dp", "greedy", "ilp", "ilp_graph", "dp_graph")
 # "inductor" compiles forward and backward to Triton (CUDA) or C++ (CPU); the others are
 # aot_compilers' graph compilers, run by name.
 COMPILERS: tuple[str, ...] = ("inductor", "nop", "debug_nop", "print_compile", "ts_compile")
+# Our own option names, in ``torch.compile(..., options=...)`` next to Inductor config keys.
+PIPELINE_OPTION_NAMES: tuple[str, ...] = ("compiled_autograd", "compiler", "memory_budget",
+                                          "solver")
 
 
 class PipelineOptionError(ValueError):
@@ -25,12 +29,20 @@ class PipelineOptions:
     ``memory_budget`` is the fraction of the activations saved at budget 1.0 that the forward
     may keep for the backward (0.0 recomputes everything that can be recomputed); ``solver``
     picks the knapsack solver that decides what to recompute under that budget.
+
+    ``mode`` is ``torch.compile``'s (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``,
+    ``"max-autotune-no-cudagraphs"``), turned into Inductor config as ``backend="inductor"``
+    does; ``inductor_options`` are ``torch._inductor.config`` settings, as ``(name, value)``
+    pairs sorted by name (a mapping is accepted and converted). Both need ``compiler="inductor"``;
+    the back end checks them against the installed torch.
     """
 
     memory_budget: float = 1.0
     solver: str = "dp"
     compiler: str = "inductor"
     compiled_autograd: bool = False
+    mode: str | None = None
+    inductor_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         validate_memory_budget(self.memory_budget)
@@ -40,20 +52,95 @@ class PipelineOptions:
             raise PipelineOptionError(
                 f"compiled_autograd must be True or False, got {self.compiled_autograd!r}"
             )
+        if self.mode is not None and not isinstance(self.mode, str):
+            raise PipelineOptionError(
+                f"mode must be a string or None, got {self.mode!r} ({type(self.mode).__name__})"
+            )
+        pairs = _inductor_pairs(self.inductor_options)
+        object.__setattr__(self, "inductor_options", pairs)
+        if self.compiler != "inductor":
+            given = [f"mode={self.mode!r}"] if self.mode not in (None, "default") else []
+            given += [f"Inductor option {key!r}" for key, _ in pairs]
+            if given:
+                raise PipelineOptionError(
+                    f"{', '.join(given)} can only be used with compiler='inductor' "
+                    f"(got {self.compiler!r})"
+                )
+
+    @property
+    def inductor_config(self) -> dict[str, Any]:
+        """``inductor_options`` as a dict of ``torch._inductor.config`` settings."""
+        return dict(self.inductor_options)
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None, base: PipelineOptions) -> PipelineOptions:
-        """``base`` with ``options`` (e.g. ``torch.compile(..., options=...)``) applied on top."""
-        if not options:
-            return base
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise PipelineOptionError(
-                f"unknown aot_pipeline option(s) {', '.join(map(repr, unknown))}; "
-                f"valid options are {', '.join(sorted(known))}"
-            )
-        return replace(base, **dict(options))
+    def from_mapping(cls, options: Mapping[str, Any] | None, base: PipelineOptions,
+                     inductor_keys: Collection[str] = ()) -> PipelineOptions:
+        """``base`` with ``options`` (e.g. ``torch.compile(..., options=...)``) applied on top.
+
+        Keys are our options (``PIPELINE_OPTION_NAMES``) or, when ``inductor_keys`` (the
+        ``torch._inductor.config`` names) is given, Inductor config settings (``-`` may stand
+        for ``_``, as in ``torch.compile``); anything else is a ``PipelineOptionError``.
+        """
+        ours, inductor = split_options(options, inductor_keys)
+        if inductor:
+            ours["inductor_options"] = {**base.inductor_config, **inductor}
+        return replace(base, **ours) if ours else base
+
+
+def split_options(options: Mapping[str, Any] | None,
+                  inductor_keys: Collection[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` split into ours and Inductor's (names normalised), or a PipelineOptionError."""
+    if not options:
+        return {}, {}
+    if not isinstance(options, Mapping):
+        raise PipelineOptionError(
+            f"options must be a dict of option names to values, got {type(options).__name__}"
+        )
+    bad_names = [key for key in options if not isinstance(key, str)]
+    if bad_names:
+        raise PipelineOptionError(
+            f"aot_pipeline option names must be strings, got {', '.join(map(repr, bad_names))}; "
+            f"valid options are {', '.join(PIPELINE_OPTION_NAMES)} and torch._inductor.config "
+            "settings"
+        )
+    ours: dict[str, Any] = {}
+    inductor: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, value in options.items():
+        if key in PIPELINE_OPTION_NAMES:
+            ours[key] = value
+        elif key.replace("-", "_") in inductor_keys:
+            inductor[key.replace("-", "_")] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        candidates = [*PIPELINE_OPTION_NAMES, *inductor_keys]
+        hints = [f"{key!r} (did you mean {close[0]!r}?)"
+                 if (close := difflib.get_close_matches(key, candidates, n=1)) else repr(key)
+                 for key in sorted(unknown)]
+        inductor_hint = (" or a torch._inductor.config setting "
+                         "(torch._inductor.list_options())" if inductor_keys else "")
+        raise PipelineOptionError(
+            f"unknown aot_pipeline option(s) {', '.join(hints)}; "
+            f"valid options are {', '.join(PIPELINE_OPTION_NAMES)}{inductor_hint}"
+        )
+    return ours, inductor
+
+
+def _inductor_pairs(options: object) -> tuple[tuple[str, Any], ...]:
+    items = options.items() if isinstance(options, Mapping) else options
+    try:
+        pairs = tuple((key, value) for key, value in items)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise PipelineOptionError(
+            f"inductor_options must be a dict of torch._inductor.config settings, got {options!r}"
+        ) from None
+    bad = [key for key, _ in pairs if not isinstance(key, str)]
+    if bad:
+        raise PipelineOptionError(
+            f"Inductor option names must be strings, got {', '.join(map(repr, bad))}"
+        )
+    return tuple(sorted(pairs, key=lambda pair: pair[0]))
 
 
 def validate_memory_budget(budget: object) -> float:
