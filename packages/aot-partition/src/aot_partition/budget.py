@@ -237,8 +237,9 @@ class BudgetSearch:
     def _recompute_everything(self) -> list[fx.Node]:
         """The least memory: the inputs alone (the seed's answer) or the min-cut with every
         candidate released, whichever the backward reads fewer bytes of. A small intermediate
-        can be cheaper to save than a big input; MUST_SAVE nodes (annotated, or reading an
-        input updated in place) always stay in the forward, so then only the cut qualifies."""
+        can be cheaper to save than a big input; nodes that are never recomputed (MUST_SAVE,
+        unreplayable random ops, effects: ``never_recompute``) stay in the forward, so then only
+        the cut qualifies."""
         assert self.aggressive_options is not None
         cut, _ = self.solve(self.aggressive_options, set(self.candidates))
         if self.must_save:
