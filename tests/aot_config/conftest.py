@@ -20,10 +20,14 @@ FLAG_SETS = {"functorch": functorch, "dynamo": dynamo}
 def restore_flag_sets() -> Iterator[None]:
     """Every test starts and ends with the real flag sets untouched."""
     saved = {name: dict(config._overrides) for name, config in FLAG_SETS.items()}
+    patches = {name: config._patch_state.get() for name, config in FLAG_SETS.items()}
+    hidden = {name: config._hidden.get() for name, config in FLAG_SETS.items()}
     yield
     for name, config in FLAG_SETS.items():
         config._overrides.clear()
         config._overrides.update(saved[name])
+        config._patch_state.set(patches[name])
+        config._hidden.set(hidden[name])
 
 
 _counter = iter(range(10**6))

@@ -60,11 +60,30 @@ def test_helpers_stay_ordinary_attributes() -> None:
     assert "cse" in dir(functorch)
 
 
-def test_delattr_resets_flag_to_default() -> None:
+def test_delattr_resets_and_hides_the_flag_until_the_next_assignment() -> None:
     functorch.cse = False
     del functorch.cse
-    assert functorch.cse is True
+    # As torch's config does, and as unittest.mock.patch needs (see test_config_threads.py).
+    assert not hasattr(functorch, "cse")
+    with pytest.raises(AttributeError, match=r"functorch\.cse was deleted in this thread"):
+        functorch.cse  # noqa: B018
     assert functorch.is_default("cse")
+    assert functorch.to_dict()["cse"] is True
+    functorch.cse = True
+    assert functorch.cse is True
+
+
+def test_reset_restores_defaults() -> None:
+    functorch.cse = False
+    functorch.max_dist_from_bw = 3
+    functorch.reset("cse")
+    assert functorch.cse is True
+    assert functorch.max_dist_from_bw == 3
+    functorch.reset()
+    assert functorch.max_dist_from_bw == 1000
+    assert all(functorch.is_default(name) for name in functorch.flags())
+    with pytest.raises(AttributeError, match="no flag 'csee'; did you mean 'cse'"):
+        functorch.reset("csee")
 
 
 def test_get_type_and_is_default() -> None:

@@ -136,3 +136,22 @@ def test_bad_patches_fail_eagerly() -> None:
     ):
         functorch.patch(3)
     assert functorch.cse is True
+
+
+def test_decorating_a_generator_function_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"cannot decorate the generator function '.*numbers'"):
+
+        @functorch.patch(cse=False)
+        def numbers():
+            yield functorch.cse
+
+
+def test_bad_names_and_arguments_name_the_culprit() -> None:
+    with pytest.raises(TypeError, match=r"a flag name must be a str, got 3"):
+        functorch.patch({3: True})
+    with pytest.raises(TypeError, match=r"patch\(dict\) takes no second positional argument"):
+        functorch.patch({"cse": False}, True)
+    with pytest.raises(TypeError, match="cannot decorate 3: expected a function"):
+        functorch.patch(cse=False)(3)
+    with pytest.raises(AttributeError, match="no flag 'csee'; did you mean 'cse'"):
+        functorch._make_closure_patcher(csee=False)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from aot_config.config_module import (
     BOOL_SPELLINGS,
+    ConfigLoadError,
     ConfigModule,
     ConfigPatch,
     Flag,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BOOL_SPELLINGS",
+    "ConfigLoadError",
     "ConfigModule",
     "ConfigPatch",
     "Flag",

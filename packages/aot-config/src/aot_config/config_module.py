@@ -14,6 +14,7 @@ imports in the module stay ordinary attributes.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import difflib
 import functools
@@ -22,7 +23,6 @@ import inspect
 import json
 import logging
 import os
-import pickle
 import types
 import typing
 import unittest
@@ -31,10 +31,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from aot_config.persistence import ConfigLoadError, decode_saved, encode_saved
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "BOOL_SPELLINGS",
+    "ConfigLoadError",
     "ConfigModule",
     "ConfigPatch",
     "Flag",
@@ -81,7 +84,7 @@ class Flag:
             A string gives the reason (``"debug"``, ``"runtime_behaviour"``).
         aliases: deprecated old names that forward here with a DeprecationWarning.
         inert: the flag is legacy and does nothing; setting it warns with this text.
-        save: ``False`` keeps the flag out of ``save_config`` (values that cannot be pickled).
+        save: ``False`` keeps the flag out of ``save_config`` (values with no saved form).
     """
 
     default: Any
@@ -339,15 +342,82 @@ def _suggest(name: str, candidates: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+# Per-thread patch state. A context (each thread has its own; asyncio tasks get copies) holds a
+# tuple of layers, bottom first; a layer is ``(owner, {name: value})`` where ``owner`` is the
+# ConfigPatch (or closure-patcher token) that pushed it. ``merged`` is every layer flattened,
+# top wins, so a read is one dict lookup. Neither the tuple nor the dicts are ever mutated: a
+# change builds a new _PatchState, so a copied context can never see another context's edits.
+_Layer = tuple[object, dict[str, Any]]
+
+
+class _PatchState:
+    __slots__ = ("layers", "merged")
+
+    def __init__(self, layers: tuple[_Layer, ...]) -> None:
+        self.layers = layers
+        merged: dict[str, Any] = {}
+        for _, values in layers:
+            merged.update(values)
+        self.merged = merged
+
+
+_NO_PATCHES = _PatchState(())
+_NOTHING_HIDDEN: frozenset[str] = frozenset()
+
+
+def _fresh(value: Any) -> Any:
+    """A private copy of a mutable container, so in-place edits stay with one holder."""
+    if isinstance(value, (list, set, dict)):
+        return copy.deepcopy(value)
+    return value
+
+
+class _FlagAttribute:
+    """Class-level data descriptor for one flag (or alias) of one config module.
+
+    Reads and writes go through :class:`ConfigModule`'s methods either way; the descriptor
+    exists so that tools which look for a data descriptor before deciding how to undo a
+    ``setattr`` (pytest's ``monkeypatch`` does) restore the old value by assigning it back.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, module: Any, owner: type | None = None) -> Any:
+        if module is None:
+            return self
+        return ConfigModule.__getattr__(module, self.name)
+
+    def __set__(self, module: Any, value: Any) -> None:
+        # Only reached for a Flag declaration (ConfigModule.__setattr__ handles the rest):
+        # importlib.reload() re-running the module body.
+        vars(module)[self.name] = value
+
+    def __delete__(self, module: Any) -> None:
+        try:
+            del vars(module)[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
+
+    def __repr__(self) -> str:
+        return f"<flag attribute {self.name!r}>"
+
+
 class ConfigModule(types.ModuleType):
     """A module whose ``Flag`` declarations became checked attributes.
 
     Do not instantiate this directly: call :func:`install_config_module` on a module.
+
+    Where a flag's value comes from, first match wins: the ``env_forces`` variable; the
+    topmost patch active *in this thread* that sets it; the process-wide value (plain
+    assignment); the ``env`` variable; the declared default.
     """
 
     _flags: dict[str, Flag]
     _aliases: dict[str, str]
-    _overrides: dict[str, Any]
+    _overrides: dict[str, Any]  # process-wide values from plain assignment
+    _patch_state: contextvars.ContextVar[_PatchState]
+    _hidden: contextvars.ContextVar[frozenset[str]]
     _save_ignore: frozenset[str]
 
     # ---- attribute access -----------------------------------------------------------------
@@ -359,15 +429,22 @@ class ConfigModule(types.ModuleType):
         flags = self.__dict__.get("_flags")
         if flags is None:
             raise AttributeError(name)
-        if name in flags:
-            return self._value_of(name)
         if name in self._aliases:
             target = self._aliases[name]
             self._warn_alias(name, target)
-            return self._value_of(target)
-        raise AttributeError(
-            f"{self.__name__} has no flag {name!r}{_suggest(name, list(flags) + list(self._aliases))}"
-        )
+            name = target
+        elif name not in flags:
+            raise AttributeError(
+                f"{self.__name__} has no flag {name!r}"
+                f"{_suggest(name, list(flags) + list(self._aliases))}"
+            )
+        if name in self._hidden.get():
+            raise AttributeError(
+                f"{self.__name__}.{name} was deleted in this thread (del) and reads as missing "
+                f"until it is assigned again, the protocol unittest.mock relies on; to go back "
+                f"to the default use {self.__name__}.reset({name!r})"
+            )
+        return self._value_of(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         flags = self.__dict__.get("_flags")
@@ -392,45 +469,114 @@ class ConfigModule(types.ModuleType):
         )
 
     def __delattr__(self, name: str) -> None:
-        if name in self.__dict__.get("_flags", ()):
-            # Deleting a flag resets it to its default.
-            self._overrides.pop(name, None)
+        flags = self.__dict__.get("_flags", {})
+        if name in self.__dict__.get("_aliases", {}):
+            name = self._aliases[name]
+        if name not in flags:
+            super().__delattr__(name)
             return
-        super().__delattr__(name)
+        # As torch's config does (and unittest.mock.patch needs: after delattr it assigns the
+        # saved value back only when hasattr() is False): reset where a write would go, and
+        # read as missing in this thread until the next assignment.
+        self._write({name: _fresh(flags[name].effective_default)}, announce=False)
+        self._hidden.set(self._hidden.get() | {name})
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self._flags))
 
     def _value_of(self, name: str) -> Any:
+        """The value this thread sees (``del`` does not hide it here)."""
         flag = self._flags[name]
         if flag.forced_by_env:
             return flag.env_forced_value
-        if name in self._overrides:
-            return self._overrides[name]
+        patched = self._patch_state.get().merged
+        if name in patched:
+            return patched[name]
+        value = self._overrides.get(name, _UNSET)
+        if value is not _UNSET:
+            return value
         default = flag.effective_default
         if isinstance(default, (list, set, dict)):
             # Hand out a private copy so in-place edits (flags.some_set.add(x)) never alter the
-            # declared default; the copy then behaves like a user-set value.
-            default = copy.deepcopy(default)
-            self._overrides[name] = default
+            # declared default; the copy then behaves like a process-wide value. setdefault
+            # makes two threads racing here agree on one copy.
+            return self._overrides.setdefault(name, copy.deepcopy(default))
         return default
 
     def _set_flag(self, name: str, value: Any) -> None:
+        self._write({name: self._flags[name].check(value)}, stacklevel=5)
+
+    def _announce(self, name: str, value: Any, stacklevel: int) -> None:
+        """Warn when a write is inert or overridden by the environment.
+
+        ``stacklevel`` counts from here to the user's line, as for ``warnings.warn``.
+        """
         flag = self._flags[name]
-        value = flag.check(value)
         # Only a real change warns: load_config() of a full snapshot writes inert defaults too.
         if flag.inert and value != flag.default:
             warnings.warn(
-                f"{flag.qualified_name} does nothing: {flag.inert}", InertFlagWarning, stacklevel=3
+                f"{flag.qualified_name} does nothing: {flag.inert}",
+                InertFlagWarning,
+                stacklevel=stacklevel,
             )
         if flag.forced_by_env and value != flag.env_forced_value:
             warnings.warn(
                 f"{flag.qualified_name} is forced to {flag.env_forced_value!r} by the environment "
                 f"variable {flag.env_forces}; the new value {value!r} has no effect while it is set",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
-        self._overrides[name] = value
+
+    def _write(
+        self, values: Mapping[str, Any], *, announce: bool = True, stacklevel: int = 4
+    ) -> None:
+        """Store checked values the way an assignment does.
+
+        A flag patched in this thread is written into the topmost patch that sets it (so the
+        write lasts until that patch exits, as in torch); any other flag is written
+        process-wide.
+        """
+        if announce:
+            for name, value in values.items():
+                self._announce(name, value, stacklevel)
+        state = self._patch_state.get()
+        layered = [name for name in values if name in state.merged]
+        if layered:
+            layers = list(state.layers)
+            for name in layered:
+                for index in range(len(layers) - 1, -1, -1):
+                    owner, layer_values = layers[index]
+                    if name in layer_values:
+                        layers[index] = (owner, {**layer_values, name: values[name]})
+                        break
+            self._patch_state.set(_PatchState(tuple(layers)))
+        # One dict.update: other threads see all of the process-wide writes or none.
+        self._overrides.update({k: v for k, v in values.items() if k not in state.merged})
+        hidden = self._hidden.get()
+        if hidden and not hidden.isdisjoint(values):
+            self._hidden.set(hidden.difference(values))
+
+    def _push_patch(self, owner: object, changes: Mapping[str, Any]) -> None:
+        values = {name: _fresh(value) for name, value in changes.items()}
+        for name, value in values.items():
+            self._announce(name, value, 4)
+        state = self._patch_state.get()
+        self._patch_state.set(_PatchState((*state.layers, (owner, values))))
+        hidden = self._hidden.get()
+        if hidden and not hidden.isdisjoint(values):
+            self._hidden.set(hidden.difference(values))
+
+    def _pop_patch(self, owner: object) -> None:
+        layers = self._patch_state.get().layers
+        for index in range(len(layers) - 1, -1, -1):
+            if layers[index][0] is owner:
+                rest = layers[:index] + layers[index + 1 :]
+                self._patch_state.set(_PatchState(rest) if rest else _NO_PATCHES)
+                return
+        raise RuntimeError(
+            f"{owner!r} is not active in this thread: patches are per thread (per context), "
+            f"so exit a patch in the thread that entered it, once per entry"
+        )
 
     def _warn_alias(self, alias: str, target: str) -> None:
         warnings.warn(
@@ -440,6 +586,8 @@ class ConfigModule(types.ModuleType):
         )
 
     def _flag(self, name: str) -> Flag:
+        if not isinstance(name, str):
+            raise TypeError(f"{self.__name__}: a flag name must be a str, got {name!r}")
         if name in self._aliases:
             name = self._aliases[name]
         try:
@@ -448,6 +596,17 @@ class ConfigModule(types.ModuleType):
             raise AttributeError(
                 f"{self.__name__} has no flag {name!r}{_suggest(name, list(self._flags))}"
             ) from None
+
+    def reset(self, *names: str) -> None:
+        """Put ``names`` (every flag when none is given) back to their defaults.
+
+        Writes like an assignment: a flag patched in this thread is reset inside that patch.
+        """
+        targets = [self._flag(name).name for name in names] if names else list(self._flags)
+        self._write(
+            {name: _fresh(self._flags[name].effective_default) for name in targets},
+            announce=False,
+        )
 
     # ---- introspection --------------------------------------------------------------------
 
@@ -461,26 +620,33 @@ class ConfigModule(types.ModuleType):
         return self._value_of(flag.name) == flag.effective_default
 
     def value_source(self, name: str) -> str:
-        """Where ``name``'s value comes from: ``default``, ``env VAR``, ``set`` or ``forced by VAR``."""
+        """Where ``name``'s value comes from: ``default``, ``env VAR``, ``set``, ``patched``
+        (by a patch active in this thread) or ``forced by VAR``."""
         flag = self._flag(name)
         if flag.forced_by_env:
             return f"forced by {flag.env_forces}"
+        if flag.name in self._patch_state.get().merged:
+            return "patched"
         if flag.name in self._overrides and not self.is_default(flag.name):
             return "set"
         if flag.default_from_env:
             return f"env {flag.env}"
         return "default"
 
+    def patched_flags(self) -> dict[str, Any]:
+        """The flags patched in this thread and their patched values."""
+        return dict(self._patch_state.get().merged)
+
     def get_type(self, name: str) -> Any:
         """The declared type of ``name`` (a class or a typing form)."""
         return self._flag(name).type
 
     def to_dict(self) -> dict[str, Any]:
-        """Current value of every flag (shallow copies of containers)."""
+        """Current value of every flag in this thread (shallow copies of containers)."""
         return {name: copy.copy(self._value_of(name)) for name in self._flags}
 
     def get_config_copy(self) -> dict[str, Any]:
-        """Deep copy of every current value; safe to mutate."""
+        """Deep copy of every current value in this thread; safe to mutate."""
         return copy.deepcopy({name: self._value_of(name) for name in self._flags})
 
     # ---- persistence ----------------------------------------------------------------------
@@ -493,9 +659,13 @@ class ConfigModule(types.ModuleType):
         ]
 
     def save_config(self) -> bytes:
-        """Pickle every savable flag (``save=False`` / ``_save_config_ignore`` are skipped)."""
-        return pickle.dumps(
-            {name: self._value_of(name) for name in self._saved_names()}, protocol=2
+        """Every savable flag as a JSON document (UTF-8 bytes); see ``aot_config.persistence``.
+
+        ``save=False`` flags and ``_save_config_ignore`` are skipped. A value with no saved
+        form (a lambda, an instance) raises ValueError naming the flag.
+        """
+        return encode_saved(
+            self.__name__, {name: self._value_of(name) for name in self._saved_names()}
         )
 
     def save_config_portable(self) -> dict[str, Any]:
@@ -518,27 +688,45 @@ class ConfigModule(types.ModuleType):
             portable[name] = value
         return portable
 
-    def load_config(self, config: bytes | Mapping[str, Any]) -> None:
+    def load_config(
+        self,
+        config: bytes | bytearray | memoryview | Mapping[str, Any],
+        *,
+        allow_pickle: bool = False,
+        strict: bool = True,
+    ) -> None:
         """Apply a ``save_config`` / ``save_config_portable`` result; all-or-nothing.
 
-        Unknown keys or invalid values raise before any flag is changed.
+        ``config`` is the bytes ``save_config()`` wrote (JSON), or a dict of flag values.
+        ``allow_pickle=True`` also reads pickles (torch's ``save_config()`` format) with an
+        unpickler that builds plain values only. ``strict=False`` skips (with one warning)
+        names this module has no flag for, e.g. torch's flags that we do not declare.
+        Unknown names (when strict), malformed data and invalid values raise
+        :class:`ConfigLoadError` (a ValueError) before any flag is changed. Values are written
+        like assignments.
         """
-        if isinstance(config, (bytes, bytearray)):
-            config = pickle.loads(config)
+        who = f"{self.__name__}.load_config"
+        if isinstance(config, (bytes, bytearray, memoryview)):
+            config = decode_saved(who, self.__name__, bytes(config), allow_pickle=allow_pickle)
         if not isinstance(config, Mapping):
+            hint = " (for JSON text, pass text.encode())" if isinstance(config, str) else ""
             raise TypeError(
-                f"{self.__name__}.load_config expects bytes from save_config() or a dict, "
-                f"got {type(config).__name__}"
+                f"{who} expects bytes from save_config() or a dict, "
+                f"got {type(config).__name__}{hint}"
             )
         unknown = [key for key in config if key not in self._flags]
-        if unknown:
-            hints = "".join(_suggest(key, list(self._flags)) for key in unknown[:1])
-            raise ValueError(
-                f"{self.__name__}.load_config: unknown flag(s) {', '.join(map(repr, unknown))}"
-                f"{hints}"
+        if unknown and strict:
+            shown = ", ".join(map(repr, unknown[:8]))
+            more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+            hints = _suggest(unknown[0], list(self._flags)) if isinstance(unknown[0], str) else ""
+            raise ConfigLoadError(
+                f"{who}: unknown flag(s) {shown}{more}{hints} (strict=False skips names this "
+                f"module does not declare)"
             )
         checked = {}
         for key, value in config.items():
+            if key not in self._flags:
+                continue
             flag = self._flags[key]
             if (
                 isinstance(value, list)
@@ -546,12 +734,22 @@ class ConfigModule(types.ModuleType):
                 and not matches_type(value, flag.type)
             ):
                 value = set(value)  # portable form of a set flag
-            checked[key] = flag.check(value)
-        for key, value in checked.items():
-            self._set_flag(key, value)
+            try:
+                checked[key] = flag.check(value)
+            except ValueError as error:
+                raise ConfigLoadError(f"{who}: {error}") from None
+        if unknown:
+            warnings.warn(
+                f"{who} skipped {len(unknown)} name(s) with no flag here: "
+                f"{', '.join(map(repr, unknown))}",
+                UserWarning,
+                stacklevel=2,
+            )
+        self._write(checked)
 
     def codegen_config(self) -> str:
-        """Python source that reproduces every non-default flag of this module."""
+        """Python source that reproduces every non-default flag of this module (as this thread
+        sees them)."""
         imports: set[str] = set()
         lines: list[str] = []
         for name in self._flags:
@@ -567,7 +765,8 @@ class ConfigModule(types.ModuleType):
         return "\n".join(header + lines) + "\n"
 
     def get_hash(self) -> bytes:
-        """Digest of every flag that affects compiled code; stable across processes."""
+        """Digest of every flag that affects compiled code, as this thread sees them; stable
+        across processes."""
         state = {
             name: canonical(self._value_of(name))
             for name, flag in sorted(self._flags.items())
@@ -578,11 +777,18 @@ class ConfigModule(types.ModuleType):
 
     # ---- temporary changes ----------------------------------------------------------------
 
+    def _resolve_changes(self, merged: Mapping[str, Any]) -> dict[str, Any]:
+        resolved: dict[str, Any] = {}
+        for key, value in merged.items():
+            flag = self._flag(key)
+            resolved[flag.name] = flag.check(value)
+        return resolved
+
     def patch(
         self, arg1: str | Mapping[str, Any] | None = None, arg2: Any = _UNSET, **changes: Any
     ) -> ConfigPatch:
-        """Temporarily change flags: ``patch(cse=False)``, ``patch("cse", False)`` or
-        ``patch({"cse": False})``. Works as a context manager, a function decorator and a
+        """Temporarily change flags in this thread: ``patch(cse=False)``, ``patch("cse", False)``
+        or ``patch({"cse": False})``. Works as a context manager, a function decorator and a
         ``unittest.TestCase`` class decorator; values are checked now, not on entry.
         """
         merged: dict[str, Any] = {}
@@ -594,7 +800,9 @@ class ConfigModule(types.ModuleType):
             merged[arg1] = arg2
         elif isinstance(arg1, Mapping):
             if arg2 is not _UNSET:
-                raise TypeError("patch(dict) takes no second positional argument")
+                raise TypeError(
+                    f"{self.__name__}.patch(dict) takes no second positional argument, got {arg2!r}"
+                )
             merged.update(arg1)
         elif arg1 is not None:
             raise TypeError(
@@ -602,48 +810,72 @@ class ConfigModule(types.ModuleType):
                 f"got {type(arg1).__name__}"
             )
         merged.update(changes)
-        resolved: dict[str, Any] = {}
-        for key, value in merged.items():
-            flag = self._flag(key)
-            resolved[flag.name] = flag.check(value)
-        return ConfigPatch(self, resolved)
+        return ConfigPatch(self, self._resolve_changes(merged))
+
+    def _make_closure_patcher(self, **changes: Any) -> Callable[[], Callable[[], None]]:
+        """A lighter ``patch`` for hot paths (torch's protocol): ``change = config.
+        _make_closure_patcher(cse=False)``, then ``revert = change()`` ... ``revert()``.
+
+        Checked now; each ``change()`` pushes a patch in the calling thread and its
+        ``revert()`` removes exactly that patch (calling it again does nothing).
+        """
+        resolved = self._resolve_changes(changes)
+
+        def change() -> Callable[[], None]:
+            token = object()
+            self._push_patch(token, resolved)
+            done = False
+
+            def revert() -> None:
+                nonlocal done
+                if not done:
+                    self._pop_patch(token)
+                    done = True
+
+            return revert
+
+        return change
 
 
 class ConfigPatch:
-    """Applies a set of flag changes on entry and restores the previous state on exit."""
+    """Applies a set of flag changes in the entering thread until the matching exit.
+
+    Each entry pushes a layer; each exit removes the topmost layer this patch pushed in the
+    same thread, wherever it sits, so patches exited out of order still restore exactly.
+    """
 
     def __init__(self, config: ConfigModule, changes: dict[str, Any]) -> None:
         self.config = config
         self.changes = changes
-        self._saved: list[dict[str, Any]] = []
 
     def __enter__(self) -> ConfigPatch:
-        overrides = self.config._overrides
-        # Remember "was not overridden" too, so is_default() is exact after exit.
-        self._saved.append({name: overrides.get(name, _UNSET) for name in self.changes})
-        for name, value in self.changes.items():
-            self.config._set_flag(name, value)
+        self.config._push_patch(self, self.changes)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        saved = self._saved.pop()
-        overrides = self.config._overrides
-        for name, previous in saved.items():
-            if previous is _UNSET:
-                overrides.pop(name, None)
-            else:
-                overrides[name] = previous
+        self.config._pop_patch(self)
 
     def __call__(self, target: Any) -> Any:
         if isinstance(target, type):
             if not issubclass(target, unittest.TestCase):
                 raise TypeError(
-                    f"patch() can decorate functions and unittest.TestCase classes, "
-                    f"not {target.__name__}"
+                    f"{self.config.__name__}.patch() can decorate functions and "
+                    f"unittest.TestCase classes, not {target.__name__}; use it as a context "
+                    f"manager inside the methods instead"
                 )
             return self._decorate_test_case(target)
         if not callable(target):
-            raise TypeError(f"patch() cannot decorate {target!r}")
+            raise TypeError(
+                f"{self.config.__name__}.patch() cannot decorate {target!r}: expected a function "
+                f"or a unittest.TestCase class"
+            )
+        if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+            raise TypeError(
+                f"{self.config.__name__}.patch() cannot decorate the generator function "
+                f"{getattr(target, '__qualname__', target)!r}: the patch would cover only the "
+                f"creation of the generator; use `with {self.config.__name__}.patch(...)` in its "
+                f"body instead"
+            )
         if inspect.iscoroutinefunction(target):
 
             @functools.wraps(target)
@@ -724,10 +956,24 @@ def install_config_module(
         log.debug(
             "%s._save_config_ignore names non-flags: %s", module.__name__, sorted(unknown_ignored)
         )
-    module.__class__ = ConfigModule
+    # A class per config module, holding one data descriptor per flag and alias name.
+    attributes = {name: _FlagAttribute(name) for name in [*flags, *aliases]}
+    module.__class__ = type(
+        "ConfigModule",
+        (ConfigModule,),
+        {
+            "__qualname__": f"ConfigModule[{module.__name__}]",
+            "__module__": ConfigModule.__module__,
+            **attributes,
+        },
+    )
     # Write the bookkeeping straight into the module dict, past our __setattr__.
     state = vars(module)
     state["_overrides"] = {}
+    state["_patch_state"] = contextvars.ContextVar(
+        f"{module.__name__}._patch_state", default=_NO_PATCHES
+    )
+    state["_hidden"] = contextvars.ContextVar(f"{module.__name__}._hidden", default=_NOTHING_HIDDEN)
     state["_aliases"] = aliases
     state["_save_ignore"] = save_ignore
     state["_flags"] = flags
