@@ -19,17 +19,23 @@ _EXPORTS: dict[str, str] = {
     "make_boxed_func": "boxed",
     "DebugInterpreter": "debug",
     "debug_nop": "debug",
+    "DumpGroup": "dumper",
     "GraphDumper": "dumper",
     "debug_compile": "dumper",
     "get_inputs": "dumper",
     "graph_dumper_aot": "dumper",
     "input_meta": "dumper",
+    "read_dump": "dumper",
+    "DumpManifest": "dump_store",
+    "read_manifest": "dump_store",
+    "load_input_meta": "input_files",
     "AotCompilersError": "errors",
     "GraphDumpError": "errors",
     "GraphMismatchError": "errors",
     "MissingExtraError": "errors",
     "TorchScriptCompileError": "errors",
     "TorchScriptUnavailableError": "errors",
+    "UntrustedInputError": "errors",
     "default_decompositions": "fusion",
     "memory_efficient_fusion": "fusion",
     "nnc_jit": "torchscript",
@@ -44,12 +50,15 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "AotCompilersError",
     "DebugInterpreter",
+    "DumpGroup",
+    "DumpManifest",
     "GraphDumpError",
     "GraphDumper",
     "GraphMismatchError",
     "MissingExtraError",
     "TorchScriptCompileError",
     "TorchScriptUnavailableError",
+    "UntrustedInputError",
     "debug_compile",
     "debug_nop",
     "default_decompositions",
@@ -58,12 +67,15 @@ __all__ = [
     "graph_dumper_aot",
     "input_meta",
     "is_boxed",
+    "load_input_meta",
     "make_boxed_compiler",
     "make_boxed_func",
     "memory_efficient_fusion",
     "nnc_jit",
     "nop",
     "print_compile",
+    "read_dump",
+    "read_manifest",
     "simple_ts_compile",
     "strip_overloads",
     "ts_compile",
@@ -86,7 +98,16 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .boxed import is_boxed, make_boxed_compiler, make_boxed_func
     from .debug import DebugInterpreter, debug_nop
-    from .dumper import GraphDumper, debug_compile, get_inputs, graph_dumper_aot, input_meta
+    from .dump_store import DumpManifest, read_manifest
+    from .dumper import (
+        DumpGroup,
+        GraphDumper,
+        debug_compile,
+        get_inputs,
+        graph_dumper_aot,
+        input_meta,
+        read_dump,
+    )
     from .errors import (
         AotCompilersError,
         GraphDumpError,
@@ -94,7 +115,9 @@ if TYPE_CHECKING:
         MissingExtraError,
         TorchScriptCompileError,
         TorchScriptUnavailableError,
+        UntrustedInputError,
     )
     from .fusion import default_decompositions, memory_efficient_fusion
+    from .input_files import load_input_meta
     from .torchscript import nnc_jit, simple_ts_compile, strip_overloads, ts_compile
     from .trivial import draw_graph_compile, nop, print_compile

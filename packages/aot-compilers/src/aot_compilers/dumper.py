@@ -4,38 +4,51 @@ A dump is a folder written by ``fx.GraphModule.to_folder`` (``module.py`` with c
 ``FxModule``, ``__init__.py``, ``state_dict.pt``) plus ``<name>.input``: a pickled list with one
 entry per graph input, ``(type, shape, stride, dtype, device)`` for tensors and ``(type,)`` for
 python ints, floats and bools. With ``dump_example_input`` the inputs themselves go to
-``<name>.pt``. Each folder is written under a temporary name and renamed into place, so a failed
-dump leaves nothing behind.
+``<name>.pt``. The manifest ``.aot_compilers_dump`` (written last) names the run the folder
+belongs to and lists its files.
+
+Writing is safe against concurrent writers and killed processes (see ``dump_store``): each
+folder is written under a temporary name and swapped into place under a lock, and the forward,
+backward and joint graphs of one compile (one *run*) form a *group* that never mixes runs: the
+first graph a run writes claims the group (other runs' graphs of that index are removed), and a
+run whose group another run has claimed since writes nothing more into it. ``.input`` files are
+read with a restricted unpickler (see ``input_files``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.util
 import logging
 import os
-import pickle
 import random
 import re
-import shutil
-import tempfile
 import textwrap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from .dump_store import (
+    DumpManifest,
+    DumpScope,
+    add_file,
+    is_dump,
+    new_run_id,
+    read_manifest,
+    replace_folder,
+    restore_orphan,
+)
 from .errors import GraphDumpError
+from .input_files import InputMeta, dump_input_meta, load_input_meta
 
 log = logging.getLogger(__name__)
 
-InputMeta = tuple[Any, ...]
-_MARKER = ".aot_compilers_dump"  # only folders carrying it may be replaced by a new dump
+KINDS = ("joint", "forward", "backward")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
 
 # -- input metadata ------------------------------------------------------------------------
 def _concrete(value: int | torch.SymInt, what: str) -> int:
@@ -89,89 +102,47 @@ def _random_tensor(shape: Sequence[int], stride: Sequence[int], dtype: torch.dty
 
 
 def get_inputs(input_data_path: str | os.PathLike[str],
-               device: torch.device | str | None = None) -> list[Any]:
+               device: torch.device | str | None = None, *, trusted: bool = False) -> list[Any]:
     """Random inputs matching the metadata in a ``.input`` file (as written by the dumper).
 
     Tensors keep their recorded shape, stride and dtype: floating and complex tensors are
     uniform in [0, 1), bool tensors random, integer tensors zero (safe as indices). Python
     scalars become a random float in [0, 1), a random int in [1, 8] or a random bool. ``device``
     overrides the recorded device (e.g. to replay a CUDA dump on CPU).
+
+    The file is unpickled by a restricted unpickler that only accepts what ``.input`` files hold
+    (ints, floats, bools, ``torch.Tensor``, ``torch.Size``, ``torch.device``, dtypes); anything
+    else raises ``UntrustedInputError``. ``trusted=True`` uses plain ``pickle.load`` instead,
+    which runs whatever code the file names: only for files from a trusted source.
     """
     path = Path(input_data_path)
-    try:
-        with path.open("rb") as f:
-            metas = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError) as error:
-        raise GraphDumpError(f"cannot read input metadata {path}: {error}") from error
-    if not isinstance(metas, list):
-        raise GraphDumpError(f"{path} holds a {type(metas).__name__}, expected a list of input "
-                             f"metadata tuples")
+    if not path.exists() and restore_orphan(path.parent):
+        log.warning("get_inputs: recovered %s, left half-replaced by a killed dump writer",
+                    path.parent)
+    metas = load_input_meta(path, trusted=trusted, _caller="get_inputs")
     inputs: list[Any] = []
     for index, meta in enumerate(metas):
-        if isinstance(meta, tuple) and len(meta) == 1:
+        if len(meta) == 1:
             kind = meta[0]
             if kind is bool:
                 inputs.append(random.random() < 0.5)
             elif kind is int:
                 inputs.append(random.randint(1, 8))
-            elif kind is float:
-                inputs.append(random.random())
             else:
-                raise GraphDumpError(f"{path}: input {index} has scalar type {kind!r}; expected "
-                                     f"int, float or bool")
-        elif isinstance(meta, tuple) and len(meta) == 5:
-            _, shape, stride, dtype, recorded_device = meta
-            inputs.append(_random_tensor(shape, stride, dtype,
-                                         recorded_device if device is None else device))
-        else:
-            raise GraphDumpError(f"{path}: input {index} metadata {meta!r} is neither (type,) "
-                                 f"nor (type, shape, stride, dtype, device)")
+                inputs.append(random.random())
+            continue
+        _, shape, stride, dtype, recorded_device = meta
+        target = recorded_device if device is None else device
+        try:
+            inputs.append(_random_tensor(shape, stride, dtype, target))
+        except (RuntimeError, ValueError, TypeError) as error:
+            raise GraphDumpError(f"get_inputs: {path}: cannot create input {index} (shape "
+                                 f"{tuple(shape)}, stride {tuple(stride)}, {dtype} on {target}): "
+                                 f"{error}") from error
     return inputs
 
 
-# -- atomic folder writes ------------------------------------------------------------------
-def _make_root(root: Path) -> None:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise GraphDumpError(f"cannot create dump folder {root}: {error}") from error
-
-
-@contextlib.contextmanager
-def _atomic_folder(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of ``final``; rename it to ``final`` only if the body succeeds."""
-    _make_root(final.parent)
-    if final.exists() and not (final / _MARKER).exists():
-        raise GraphDumpError(f"{final} exists and is not a graph dump; refusing to replace it")
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    except OSError as error:
-        raise GraphDumpError(f"cannot write into dump folder {final.parent}: {error}") from error
-    try:
-        yield tmp
-        (tmp / _MARKER).touch()
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old",
-                                        dir=final.parent))
-            os.replace(final, old / final.name)
-            try:
-                os.replace(tmp, final)
-            except OSError:
-                os.replace(old / final.name, final)  # put the previous dump back
-                raise
-            finally:
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except GraphDumpError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    except Exception as error:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise GraphDumpError(f"writing graph dump {final} failed, nothing written: "
-                             f"{type(error).__name__}: {error}") from error
-
-
+# -- writing folders -----------------------------------------------------------------------
 def _write_module(gm: fx.GraphModule, folder: Path) -> None:
     """``gm.to_folder(folder)`` whose module finds its files relative to itself.
 
@@ -189,52 +160,57 @@ def _write_module(gm: fx.GraphModule, folder: Path) -> None:
     module_file.write_text(header + code)
 
 
-def write_graph_folder(gm: fx.GraphModule, args: Sequence[Any], final: Path,
-                       dump_example_input: bool = False) -> Path:
-    """Atomically write ``gm`` and ``<name>.input`` into folder ``final``.
-
-    With ``dump_example_input`` and real (not fake) ``args``, ``<name>.pt`` is written too.
-    """
-    metas = input_meta(args)  # before touching the disk: bad inputs write nothing
-    with _atomic_folder(final) as tmp:
-        _write_module(gm, tmp)
-        with (tmp / f"{final.name}.input").open("wb") as f:
-            pickle.dump(metas, f)
-        if dump_example_input and not _has_fake(args):
-            _save_tensors(args, tmp / f"{final.name}.pt")
-    log.info("wrote graph dump %s", final)
-    return final
-
-
 def _has_fake(args: Sequence[Any]) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return any(isinstance(a, FakeTensor) for a in _flatten_args(args))
 
 
-def _save_tensors(args: Sequence[Any], path: Path) -> None:
-    """``torch.save`` the flat inputs to ``path`` through a temporary file and a rename."""
-    flat = [a.detach() if isinstance(a, torch.Tensor) else a for a in _flatten_args(args)]
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        torch.save(flat, tmp)
-        os.replace(tmp, path)
-    except Exception:
-        tmp.unlink(missing_ok=True)
-        raise
+def _flat_inputs(args: Sequence[Any]) -> list[Any]:
+    return [a.detach() if isinstance(a, torch.Tensor) else a for a in _flatten_args(args)]
 
 
-def _saving_first_inputs(gm: fx.GraphModule, pt_file: Path) -> Callable[[list[Any]], Any]:
-    """A boxed runner of ``gm`` that saves the real inputs of its first call to ``pt_file``.
+def _graph_filler(gm: fx.GraphModule, metas: list[InputMeta], name: str,
+                  example_inputs: Sequence[Any] | None) -> Callable[[Path], None]:
+    def fill(tmp: Path) -> None:
+        _write_module(gm, tmp)
+        dump_input_meta(metas, tmp / f"{name}.input")
+        if example_inputs is not None:
+            torch.save(_flat_inputs(example_inputs), tmp / f"{name}.pt")
+    return fill
+
+
+def write_graph_folder(gm: fx.GraphModule, args: Sequence[Any], final: Path,
+                       dump_example_input: bool = False) -> Path:
+    """Write ``gm`` and ``<name>.input`` into folder ``final``, replacing an earlier dump.
+
+    With ``dump_example_input`` and real (not fake) ``args``, ``<name>.pt`` is written too. The
+    folder is written under a lock beside it and swapped into place complete; its manifest gets
+    a fresh run id.
+    """
+    final = Path(final)
+    metas = input_meta(args)  # before touching the disk: bad inputs write nothing
+    real = dump_example_input and not _has_fake(args)
+    scope = DumpScope.for_folder(final)
+    with scope.locked():
+        replace_folder(final, _graph_filler(gm, metas, final.name, args if real else None),
+                       {"run_id": new_run_id()})
+    log.info("wrote graph dump %s", final)
+    return final
+
+
+def _saving_first_inputs(gm: fx.GraphModule, save: Callable[[list[Any]], None]
+                         ) -> Callable[[list[Any]], Any]:
+    """A boxed runner of ``gm`` that hands the real inputs of its first call to ``save``.
 
     Compilers see fake tensors only; the real example inputs exist when the graph first runs.
     """
     pending = [True]
 
     def run(args: list[Any]) -> Any:
-        if pending[0] and pt_file.parent.is_dir():
+        if pending[0]:
             pending[0] = False
-            _save_tensors(args, pt_file)
+            save(args)
         return gm(*args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -242,12 +218,24 @@ def _saving_first_inputs(gm: fx.GraphModule, pt_file: Path) -> Callable[[list[An
 
 
 # -- the dumper ----------------------------------------------------------------------------
+@dataclass
+class _Run:
+    """One compile through a ``GraphDumper``: the joint, forward and backward graphs of one index
+    (the backward may be compiled, and every graph first run, long after the joint is written)."""
+
+    index: int
+    run_id: str
+    claimed: bool = False  # wrote its first graph: the group is (or was) this run's
+    lost: bool = False  # another run claimed the group since: write nothing more into it
+
+
 class GraphDumper:
     """A ``torch.compile`` back end that writes each graph's forward, backward and joint graphs.
 
     Graph ``i`` (counted per dumper, from 0, one per call) goes to
     ``{folder_name}/{current_name}/{current_name}_{forward|backward|joint}_{i}/``. The graphs
-    then run unchanged (partitioned by ``aot_partition.default_partition``).
+    then run unchanged (partitioned by ``aot_partition.default_partition``). ``run_ids[i]`` is
+    the run id written into the manifests of graph ``i``'s folders (see ``read_dump``).
     """
 
     def __init__(self, current_name: str, folder_name: str | os.PathLike[str],
@@ -259,22 +247,94 @@ class GraphDumper:
         self.root = Path(folder_name) / current_name
         self.dump_example_input = dump_example_input
         self.graph_index = 0
+        self.run_ids: dict[int, str] = {}
+        self._scope = DumpScope.for_dumper(self.root, current_name)
 
     def folder_for(self, kind: str, index: int) -> Path:
         return self.root / f"{self.current_name}_{kind}_{index}"
 
-    def _save(self, gm: fx.GraphModule, args: Sequence[Any], kind: str, index: int
+    def _start_run(self, index: int) -> _Run:
+        run = _Run(index, new_run_id())
+        self.run_ids[index] = run.run_id
+        return run
+
+    def _other_runs(self, run: _Run) -> dict[Path, str | None]:
+        """The group's folders holding another run's dump, with that run's id."""
+        others: dict[Path, str | None] = {}
+        for kind in KINDS:
+            folder = self.folder_for(kind, run.index)
+            if is_dump(folder):
+                try:
+                    run_id = read_manifest(folder, verify=False).run_id
+                except GraphDumpError:
+                    run_id = None
+                if run_id != run.run_id:
+                    others[folder] = run_id
+        return others
+
+    def _lose(self, run: _Run, what: str, others: dict[Path, str | None]) -> None:
+        run.lost = True
+        taken = ", ".join(f"{p.name} (run {rid or 'unknown'})" for p, rid in others.items())
+        log.warning("graph dump group %s_%d in %s was taken over by another dumper writing the "
+                    "same name since run %s began it (%s); the %s of run %s is not dumped, so "
+                    "the group keeps one run's graphs", self.current_name, run.index, self.root,
+                    run.run_id, taken, what, run.run_id)
+
+    def _save(self, gm: fx.GraphModule, args: Sequence[Any], kind: str, run: _Run
               ) -> Callable[..., Any]:
         """Dump ``gm``; return what should run it (saving real inputs on first run if asked)."""
         if not any(True for _ in gm.graph.nodes):
             log.warning("no nodes in graph %s_%s_%d; nothing dumped", self.current_name, kind,
-                        index)
+                        run.index)
             return gm
-        folder = write_graph_folder(gm, args, self.folder_for(kind, index),
-                                    self.dump_example_input)
-        if self.dump_example_input and _has_fake(args):
-            return _saving_first_inputs(gm, folder / f"{folder.name}.pt")
+        if run.lost:
+            log.warning("%s graph of run %s not dumped: its group was taken over by another run",
+                        kind, run.run_id)
+            return gm
+        metas = input_meta(args)  # before touching the disk: bad inputs write nothing
+        final = self.folder_for(kind, run.index)
+        fake = _has_fake(args)
+        # Real inputs of fake-traced graphs are saved on their first run; the joint never runs.
+        late = self.dump_example_input and fake and kind != "joint"
+        now = self.dump_example_input and not fake
+        fields = {"run_id": run.run_id, "kind": kind, "index": run.index,
+                  "group": f"{self.current_name}_{run.index}"}
+        with self._scope.locked():
+            others = self._other_runs(run)
+            if run.claimed and others:
+                self._lose(run, f"{kind} graph", others)
+                return gm
+            # The run's first graph claims the group: other runs' graphs of this index go, the
+            # one at ``final`` by being replaced, the others just before it is.
+            retire = tuple(p for p in others if p != final)
+            replace_folder(final, _graph_filler(gm, metas, final.name, args if now else None),
+                           fields, pending=(f"{final.name}.pt",) if late else (), retire=retire)
+            run.claimed = True
+        log.info("wrote graph dump %s (run %s)", final, run.run_id)
+        if late:
+            return _saving_first_inputs(gm, lambda real: self._save_late(run, final, real))
         return gm
+
+    def _save_late(self, run: _Run, folder: Path, args: Sequence[Any]) -> None:
+        """Save the real inputs of a graph's first run into its folder, if still this run's."""
+        name = f"{folder.name}.pt"
+        with self._scope.locked():
+            try:
+                manifest: DumpManifest | None = read_manifest(folder, verify=False)
+            except GraphDumpError:
+                manifest = None
+            if manifest is None or manifest.run_id != run.run_id:
+                log.warning("example inputs of %s (run %s) not saved: the folder now holds "
+                            "another run's graph (%s)", folder, run.run_id,
+                            manifest.run_id if manifest else "none")
+                return
+            if name not in manifest.pending:
+                return
+            try:
+                add_file(folder, name, lambda path: torch.save(_flat_inputs(args), path))
+            except Exception as error:
+                raise GraphDumpError(f"saving the example inputs {folder / name} failed: "
+                                     f"{type(error).__name__}: {error}") from error
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         from aot_partition import default_partition
@@ -284,17 +344,18 @@ class GraphDumper:
 
         index = self.graph_index
         self.graph_index += 1
+        run = self._start_run(index)
 
         def save_forward(fw: fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
-            return self._save(fw, args, "forward", index)
+            return self._save(fw, args, "forward", run)
 
         def save_backward(bw: fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
-            return self._save(bw, args, "backward", index)
+            return self._save(bw, args, "backward", run)
 
         def save_joint(joint: fx.GraphModule, joint_args: Sequence[Any], **kwargs: Any
                        ) -> tuple[fx.GraphModule, fx.GraphModule]:
             # The joint graph never runs, so with fake joint_args it gets no .pt file.
-            self._save(joint, joint_args, "joint", index)
+            self._save(joint, joint_args, "joint", run)
             return default_partition(joint, joint_args, **kwargs)
 
         return aot_module_simplified(gm, example_inputs, fw_compiler=save_forward,
@@ -307,6 +368,68 @@ def graph_dumper_aot(current_name: str, folder_name: str | os.PathLike[str],
     """A back end dumping forward, backward and joint graphs; use as
     ``torch.compile(model, backend=graph_dumper_aot("model", "dumps"))``."""
     return GraphDumper(current_name, folder_name, dump_example_input)
+
+
+# -- reading dumps -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DumpGroup:
+    """The dumped graphs of one index: at most a joint, a forward and a backward, all of one run.
+
+    ``folders`` and ``manifests`` map each kind found complete to its folder and manifest;
+    ``problems`` says what was left out and why (an incomplete folder, another run's folder).
+    ``run_id`` is the run the folders belong to (``None`` when there are none, or for folders
+    written by aot_compilers 0.1, which carry no run id).
+    """
+
+    root: Path
+    name: str
+    index: int
+    run_id: str | None
+    folders: dict[str, Path] = field(default_factory=dict)
+    manifests: dict[str, DumpManifest] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(k for k in KINDS if k in self.folders)
+
+
+def read_dump(folder_name: str | os.PathLike[str], current_name: str, index: int = 0
+              ) -> DumpGroup:
+    """The complete dump folders of graph ``index`` of ``graph_dumper_aot(current_name,
+    folder_name)``, all from one run.
+
+    Takes the dump lock (when the folder is writable), so it sees no write half done; it first
+    puts back a dump a killed writer left in a hidden ``.old`` folder and removes dead writers'
+    temporaries. Folders that are incomplete (a file listed in the manifest is missing) or belong
+    to another run than the newest one found are left out and named in ``problems``.
+    """
+    if not isinstance(current_name, str) or not _IDENTIFIER.match(current_name):
+        raise ValueError(f"current_name must be a Python identifier, got {current_name!r}")
+    root = Path(folder_name) / current_name
+    manifests: dict[str, DumpManifest] = {}
+    problems: list[str] = []
+    with DumpScope.for_dumper(root, current_name).locked(for_reading=True):
+        for kind in KINDS:
+            folder = root / f"{current_name}_{kind}_{index}"
+            if not (folder.exists() or folder.is_symlink()):
+                continue
+            try:
+                manifests[kind] = read_manifest(folder)
+            except GraphDumpError as error:
+                problems.append(str(error))
+    runs = {m.run_id for m in manifests.values()}
+    if len(runs) > 1:  # not written by this version's dumper (e.g. folders copied together)
+        newest = max(manifests.values(), key=lambda m: m.created or 0.0).run_id
+        for kind, manifest in list(manifests.items()):
+            if manifest.run_id != newest:
+                problems.append(f"{manifest.folder} belongs to run {manifest.run_id}, not to "
+                                f"run {newest} of the group's newest folder; left out")
+                del manifests[kind]
+    return DumpGroup(root=root, name=current_name, index=index,
+                     run_id=next(iter(manifests.values())).run_id if manifests else None,
+                     folders={k: m.folder for k, m in manifests.items()}, manifests=manifests,
+                     problems=tuple(problems))
 
 
 # -- debug_compile -------------------------------------------------------------------------
@@ -344,12 +467,15 @@ def debug_compile(gm: fx.GraphModule, example_inputs: Sequence[Any],
 
     final = Path(folder).resolve()
     metas = input_meta(example_inputs)
-    with _atomic_folder(final) as tmp:
+
+    def fill(tmp: Path) -> None:
         _write_module(gm, tmp)
-        with (tmp / "repro.input").open("wb") as f:
-            pickle.dump(metas, f)
+        dump_input_meta(metas, tmp / "repro.input")
         (tmp / "repro.py").write_text(_REPRO_SCRIPT.format(script=final / "repro.py",
                                                            input_file="repro.input"))
+
+    with DumpScope.for_folder(final).locked():
+        replace_folder(final, fill, {"run_id": new_run_id(), "kind": "repro"})
     print(textwrap.dedent(f"""
         ##############################################################
         # Reproduction of the graph being compiled written to:

@@ -27,5 +27,10 @@ class GraphDumpError(AotCompilersError):
     """The graph dumper could not write (or rebuild inputs from) a dump folder."""
 
 
+class UntrustedInputError(GraphDumpError):
+    """A ``.input`` file asks for something a graph dump never holds (e.g. a global that would
+    run code when unpickled); it was not loaded. Pass ``trusted=True`` only for trusted files."""
+
+
 class MissingExtraError(ImportError):
     """An optional dependency (an ``extra``) is not installed."""
