@@ -1,0 +1,373 @@
+"""Training steps on a GPU: eager, ``backend="inductor"``, ours, and both compiled autograds.
+
+Each (model, variant) pair runs in its own process, so no variant inherits another's compiled
+kernels, caches or allocator state; every process starts with an empty
+``TORCHINDUCTOR_CACHE_DIR`` unless ``--warm-restart`` asks for a second, warm process.
+
+Variants:
+
+- ``eager``;
+- ``inductor@B``: ``torch.compile(backend="inductor")`` with torch's
+  ``activation_memory_budget`` B (1.0 and 0.5);
+- ``ours@B``: ``aot_pipeline.compile(memory_budget=B)`` (1.0, 0.5 and 0.2);
+- ``aot_pipeline@B`` (not run by default; the warm restart uses it):
+  ``torch.compile(backend="aot_pipeline", options={"memory_budget": B})``, which keeps
+  Inductor's FX graph and AOTAutograd caches on;
+- ``torch_ca``: forward compiled by Inductor, the backward captured by torch's compiled
+  autograd and compiled by Inductor;
+- ``ours_ca``: ``aot_pipeline.compile(compiled_autograd=True)``, the backward captured by our
+  compiled autograd and compiled by Inductor.
+
+Models (``--size full``): ``gpt2``, the built-in GPT at GPT-2 size (d 768, 12 layers, 12 heads,
+vocab 50304, seq 1024, batch 8, SDPA); ``llama``, a transformers ``LlamaForCausalLM`` (d 1024,
+8 layers, 16 heads, 4 KV heads, seq 1024, batch 8, SDPA). bf16 on CUDA, fp32 on CPU.
+``--size tiny`` shrinks both for the CPU smoke test.
+
+Each row: first-step seconds (compile included), median step ms, peak step memory above what was
+allocated before the step (CUDA: ``max_memory_allocated``), the largest relative difference of
+the step losses from eager's, and the captures counted by compiled autograd.
+
+    uv run python benchmarks/gpu_train_bench.py --device cuda            # all, one table
+    uv run python benchmarks/gpu_train_bench.py --device cpu --size tiny --steps 2
+    # the warm restart (CPU target): later processes on the first one's Inductor cache
+    uv run python benchmarks/gpu_train_bench.py --device cpu --size tiny --models gpt2 \
+        --variants inductor@1.0,aot_pipeline@1.0 --warm-restart
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ("gpt2", "llama")
+VARIANTS = ("eager", "inductor@1.0", "inductor@0.5", "ours@1.0", "ours@0.5", "ours@0.2",
+            "torch_ca", "ours_ca")
+# ``torch.compile(backend="aot_pipeline")``: what the warm restart compares with Inductor
+# (``aot_pipeline.compile`` keeps the FX graph cache off to see every partition).
+BACKEND_VARIANTS = ("aot_pipeline@1.0", "aot_pipeline@0.5")
+VALID_VARIANTS = VARIANTS + BACKEND_VARIANTS
+WARM_RESTART_VARIANTS = ("inductor@1.0", "aot_pipeline@1.0")
+# Largest relative loss difference from eager still called agreement (bf16 on CUDA, fp32 on CPU).
+LOSS_RTOL = {"cuda": 2e-2, "cpu": 1e-3}
+
+SIZES: dict[str, dict[str, dict[str, int]]] = {
+    "full": {"gpt2": dict(vocab=50304, dim=768, heads=12, layers=12, seq=1024, batch=8),
+             "llama": dict(vocab=32000, dim=1024, heads=16, kv_heads=4, layers=8, hidden=2816,
+                           seq=1024, batch=8)},
+    "tiny": {"gpt2": dict(vocab=128, dim=32, heads=4, layers=2, seq=16, batch=2),
+             "llama": dict(vocab=128, dim=32, heads=4, kv_heads=2, layers=2, hidden=64, seq=16,
+                           batch=2)},
+}
+
+
+# --------------------------------------------------------------------------- one variant ----
+
+def build(model_name: str, size: dict[str, int], device: Any, dtype: Any) -> Any:
+    """The model wrapped so that ``module(idx, targets)`` returns the scalar loss."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    if model_name == "gpt2":
+        from aot_pipeline.models import GPT
+
+        net = GPT(vocab=size["vocab"], dim=size["dim"], heads=size["heads"],
+                  layers=size["layers"], seq=size["seq"], sdpa=True)
+
+        class WithLoss(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = net
+
+            def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                logits = self.net(idx)
+                return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=size["vocab"], hidden_size=size["dim"], intermediate_size=size["hidden"],
+            num_hidden_layers=size["layers"], num_attention_heads=size["heads"],
+            num_key_value_heads=size["kv_heads"], max_position_embeddings=size["seq"],
+            attn_implementation="sdpa", use_cache=False)
+        net = LlamaForCausalLM(config)
+
+        class WithLoss(nn.Module):  # type: ignore[no-redef]
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = net
+
+            def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                logits = self.net(input_ids=idx).logits
+                return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    return WithLoss().to(device=device, dtype=dtype)
+
+
+def batches(size: dict[str, int], count: int, device: Any) -> list[tuple[Any, Any]]:
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(count):
+        tokens = torch.randint(0, size["vocab"], (size["batch"], size["seq"] + 1),
+                               generator=generator)
+        out.append((tokens[:, :-1].to(device), tokens[:, 1:].to(device)))
+    return out
+
+
+class Variant:
+    """How one variant calls the model and runs its backward."""
+
+    def __init__(self, name: str, module: Any) -> None:
+        import torch
+
+        self.name = name
+        self.backward: Callable[[Any], None] = lambda loss: loss.backward()
+        self.patch: contextlib.AbstractContextManager = contextlib.nullcontext()
+        self.captures: Callable[[], int | None] = lambda: None
+        if name == "eager":
+            self.call = module
+        elif name.startswith("inductor@"):
+            from torch._functorch import config as torch_functorch_config
+
+            budget = float(name.split("@")[1])
+            # Read when the backward is compiled too (lazily, at the first backward): the
+            # whole loop runs inside the patch.
+            self.patch = torch_functorch_config.patch(activation_memory_budget=budget)
+            self.call = torch.compile(module, backend="inductor")
+        elif name.startswith("ours@"):
+            import aot_pipeline
+
+            self.call = aot_pipeline.compile(module, memory_budget=float(name.split("@")[1]))
+        elif name.startswith("aot_pipeline@"):
+            import aot_pipeline  # noqa: F401 - registers the back end
+
+            self.call = torch.compile(module, backend="aot_pipeline",
+                                      options={"memory_budget": float(name.split("@")[1])})
+        elif name == "torch_ca":
+            from torch._dynamo import compiled_autograd as torch_compiled_autograd
+            from torch._dynamo.utils import counters
+
+            self.call = torch.compile(module, backend="inductor")
+
+            def compiler(graph: Any) -> Any:
+                return torch.compile(graph, backend="inductor", fullgraph=True)
+
+            def backward(loss: Any) -> None:
+                with torch_compiled_autograd._enable(compiler):
+                    loss.backward()
+
+            self.backward = backward
+            self.captures = lambda: int(counters["compiled_autograd"]["captures"])
+        elif name == "ours_ca":
+            import aot_pipeline
+            import compiled_autograd
+
+            compiled = aot_pipeline.compile(module, compiled_autograd=True)
+            self.call = compiled
+            self.backward = compiled.backward
+            self.captures = lambda: int(compiled_autograd.counters()["captures"])
+        else:
+            raise SystemExit(f"unknown variant {name!r}; choose from {', '.join(VALID_VARIANTS)}")
+
+
+def run_variant(args: argparse.Namespace) -> dict[str, Any]:
+    """Train ``args.model`` as ``args.variant`` in this process and measure it."""
+    import torch
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    size = SIZES[args.size][args.model]
+    module = build(args.model, size, device, dtype)
+    variant = Variant(args.variant, module)
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-3)
+    data = batches(size, args.warmup + args.steps, device)
+    losses: list[float] = []
+    times: list[float] = []
+    peaks: list[int] = []
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    with variant.patch:
+        for step, (idx, targets) in enumerate(data):
+            sync()
+            before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            loss = variant.call(idx, targets)
+            variant.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync()
+            times.append(time.perf_counter() - start)
+            losses.append(loss.item())
+            if device.type == "cuda" and step >= args.warmup:
+                peaks.append(torch.cuda.max_memory_allocated(device) - before)
+    timed = times[args.warmup:] or times
+    return {"model": args.model, "variant": args.variant, "first_step_s": times[0],
+            "median_ms": 1e3 * statistics.median(timed), "min_ms": 1e3 * min(timed),
+            "peak_step_bytes": max(peaks) if peaks else None, "losses": losses,
+            "captures": variant.captures(), "steps": len(timed), "warmup": args.warmup}
+
+
+# ------------------------------------------------------------------------- orchestration ----
+
+def child_command(args: argparse.Namespace, model: str, variant: str, out: str) -> list[str]:
+    return [sys.executable, os.path.abspath(__file__), "--child", "--model", model,
+            "--variant", variant, "--device", args.device, "--size", args.size,
+            "--steps", str(args.steps), "--warmup", str(args.warmup), "--json", out]
+
+
+def run_child(args: argparse.Namespace, model: str, variant: str, cache_dir: str) -> dict:
+    """One (model, variant) in a fresh process with ``cache_dir`` as Inductor's cache."""
+    os.makedirs(cache_dir, exist_ok=True)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
+    out = cache_dir + ".json"
+    completed = subprocess.run(child_command(args, model, variant, out), env=env,
+                               timeout=args.timeout, check=False)
+    if completed.returncode != 0:
+        return {"model": model, "variant": variant, "error": f"exit {completed.returncode}"}
+    with open(out) as f:
+        return json.load(f)
+
+
+def compare_losses(rows: list[dict], rtol: float) -> None:
+    """Mark each row with its largest relative loss difference from the same model's eager."""
+    eager = {r["model"]: r["losses"] for r in rows if r["variant"] == "eager" and "losses" in r}
+    for row in rows:
+        reference = eager.get(row["model"])
+        if reference is None or "losses" not in row:
+            continue
+        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(row["losses"], reference))
+        row["loss_max_rel_diff"] = diff
+        row["loss_agrees"] = diff <= rtol and len(row["losses"]) == len(reference)
+
+
+def metadata(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    device_name = (torch.cuda.get_device_name() if args.device == "cuda"
+                   else f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    return {"device": device_name, "torch": torch.__version__,
+            "python": platform.python_version(), "size": args.size,
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "steps": args.steps, "warmup": args.warmup}
+
+
+def render(meta: dict, rows: list[dict], warm: list[dict]) -> str:
+    lines = [f"Device: {meta['device']}; torch {meta['torch']}, Python {meta['python']}; "
+             f"{meta['date']}. Sizes: {meta['size']}; median of {meta['steps']} steps after "
+             f"{meta['warmup']} warm-up steps; each variant in its own process, cold caches.", "",
+             "| model | variant | first step s | median ms | peak step MiB | loss max rel diff "
+             "| captures |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['variant']} | {r['error']} | | | | |")
+            continue
+        peak = f"{r['peak_step_bytes'] / 2**20:.0f}" if r.get("peak_step_bytes") else "-"
+        diff = f"{r['loss_max_rel_diff']:.1e}" if "loss_max_rel_diff" in r else "-"
+        mark = "" if r.get("loss_agrees", True) else " (disagrees)"
+        captures = "-" if r.get("captures") is None else str(r["captures"])
+        lines.append(f"| {r['model']} | {r['variant']} | {r['first_step_s']:.1f} | "
+                     f"{r['median_ms']:.2f} | {peak} | {diff}{mark} | {captures} |")
+    if warm:
+        lines += ["", "Warm restart: a second process with the first one's Inductor cache "
+                  "(FX graph and AOTAutograd caches).", "",
+                  "| model | variant | cold first step s | warm first step s (median) | samples |",
+                  "|---|---|---:|---:|---|"]
+        lines += [f"| {w['model']} | {w['variant']} | {w['cold_first_step_s']:.2f} | "
+                  f"{w['warm_first_step_s']:.2f} | "
+                  + ", ".join(f"{x:.2f}" for x in w["warm_samples_s"]) + " |" for w in warm]
+    return "\n".join(lines) + "\n"
+
+
+def progress(items: list, label: str) -> Iterator:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the device machine may lack it; plain iteration then
+        yield from items
+        return
+    yield from tqdm(items, desc=label, unit="run", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--size", choices=tuple(SIZES), default="full")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, from {', '.join(VALID_VARIANTS)}")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per process")
+    parser.add_argument("--warm-restart", action="store_true",
+                        help=f"also run {', '.join(WARM_RESTART_VARIANTS)} a second time on "
+                             "the first run's cache and report the warm first step")
+    parser.add_argument("--warm-runs", type=int, default=3,
+                        help="warm processes per variant; the table shows their median")
+    parser.add_argument("--out", default=os.path.join(HERE, "out"))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be >= 1 and --warmup >= 0")
+    if args.child:
+        with open(args.json, "w") as f:
+            json.dump(run_variant(args), f)
+        return
+    models = [m for m in args.models.split(",") if m]
+    variants = [v for v in args.variants.split(",") if v]
+    for name, chosen, valid in (("model", models, MODELS), ("variant", variants, VALID_VARIANTS)):
+        unknown = sorted(set(chosen) - set(valid))
+        if unknown:
+            parser.error(f"unknown {name}s {unknown}; valid: {', '.join(valid)}")
+    rows, warm = [], []
+    pairs = [(m, v) for m in models for v in variants]
+    with tempfile.TemporaryDirectory(prefix="gpu-train-bench-") as scratch:
+        for index, (model, variant) in enumerate(progress(pairs, "variants")):
+            cache_dir = os.path.join(scratch, f"{index}")
+            row = run_child(args, model, variant, cache_dir)
+            rows.append(row)
+            if args.warm_restart and variant in WARM_RESTART_VARIANTS and "error" not in row:
+                again = [run_child(args, model, variant, cache_dir) for _ in range(args.warm_runs)]
+                seconds = [r["first_step_s"] for r in again if "error" not in r]
+                if seconds:
+                    warm.append({"model": model, "variant": variant,
+                                 "cold_first_step_s": row["first_step_s"],
+                                 "warm_first_step_s": statistics.median(seconds),
+                                 "warm_samples_s": seconds})
+    compare_losses(rows, LOSS_RTOL[args.device])
+    meta = metadata(args)
+    markdown = render(meta, rows, warm)
+    print(markdown)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_train_bench.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "warm_restart": warm}, f, indent=2)
+    with open(os.path.join(args.out, "gpu_train_bench.md"), "w") as f:
+        f.write(markdown)
+    failed = [r for r in rows if "error" in r or r.get("loss_agrees") is False]
+    if failed:
+        raise SystemExit(f"{len(failed)} runs failed or disagree with eager: "
+                         + ", ".join(f"{r['model']}/{r['variant']}" for r in failed))
+
+
+if __name__ == "__main__":
+    main()

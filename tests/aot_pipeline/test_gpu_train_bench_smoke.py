@@ -1,0 +1,41 @@
+"""benchmarks/gpu_train_bench.py keeps running: tiny models on CPU, each variant in a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.slow
+def test_tiny_cpu_run_writes_one_table_with_losses_and_captures(tmp_path):
+    script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
+    done = subprocess.run(
+        [sys.executable, script, "--device", "cpu", "--size", "tiny", "--models", "gpt2,llama",
+         "--variants", "eager,ours_ca", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_train_bench.json").read_text())
+    rows = {(row["model"], row["variant"]): row for row in result["rows"]}
+    assert set(rows) == {(m, v) for m in ("gpt2", "llama") for v in ("eager", "ours_ca")}
+    for (model, variant), row in rows.items():
+        assert len(row["losses"]) == 3 and row["first_step_s"] > 0 and row["median_ms"] > 0
+        # fp32 on CPU: the compiled run trains like eager, and the backward is captured once.
+        assert row["loss_agrees"] and row["loss_max_rel_diff"] <= 1e-3, (model, variant)
+        assert row["captures"] == (1 if variant == "ours_ca" else None)
+    table = (tmp_path / "gpu_train_bench.md").read_text()
+    assert "| model | variant | first step s | median ms |" in table
+    assert "| llama | ours_ca |" in table
+
+
+def test_unknown_variant_is_refused_before_any_run(tmp_path):
+    script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
+    done = subprocess.run([sys.executable, script, "--variants", "ours@0.3", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2
+    assert "unknown variants ['ours@0.3']; valid: eager, inductor@1.0" in done.stderr
