@@ -35,8 +35,14 @@ for run in json.loads(sys.argv[1]):
         backend._sources_digest = lambda: run["sources"]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
-    compiled = torch.compile(model, backend="aot_pipeline",
-                             options={"memory_budget": run.get("memory_budget", 1.0)})
+    if run.get("api") == "compile":  # aot_pipeline.compile with the caches kept on
+        import aot_pipeline
+
+        compiled = aot_pipeline.compile(model, memory_budget=run.get("memory_budget", 1.0),
+                                        record_partitions=run["record_partitions"])
+    else:
+        compiled = torch.compile(model, backend="aot_pipeline",
+                                 options={"memory_budget": run.get("memory_budget", 1.0)})
     with flags.patch(run.get("flags", {})):
         start = time.perf_counter()
         compiled(torch.randn(4, 16)).sum().backward()
@@ -47,6 +53,7 @@ for run in json.loads(sys.argv[1]):
         "aot_autograd": {k: v for k, v in counters["aot_autograd"].items()
                          if k.startswith("autograd_cache")},
         "first_step_s": seconds,
+        "partitions": len(getattr(compiled, "partitions", ())),
     })
 print("RESULTS " + json.dumps(results))
 """
@@ -95,6 +102,20 @@ def test_second_process_hits_and_changed_partitioner_misses(tmp_path):
         assert (aot_hit, aot_bypass, fx_hit, fx_bypass) == (0, 0, 0, 0), changed
         assert aot_miss == 1 and fx_miss == 2, changed
     print(f"first step: cold {cold['first_step_s']:.2f} s, warm {warm['first_step_s']:.2f} s")
+
+
+@pytest.mark.slow
+def test_compile_api_uses_the_caches_unless_it_records_partitions(tmp_path):
+    cached = {"api": "compile", "record_partitions": False}
+    recorded = {"api": "compile", "record_partitions": True}
+    (cold,), _ = _run_child(tmp_path, [cached])
+    assert _counts(cold)[3:5] == (0, 1) and cold["partitions"] == 1, cold
+    (warm, again), _ = _run_child(tmp_path, [cached, recorded])
+    # Warm: AOTAutograd loads forward and backward from the cache; the partitioner never ran.
+    assert _counts(warm) == (2, 0, 0, 1, 0, 0) and warm["partitions"] == 0, warm
+    # Recording turns the FX graph cache off, so AOTAutograd's is bypassed too: the graph is
+    # partitioned (and listed) again.
+    assert _counts(again) == (0, 0, 0, 0, 0, 1) and again["partitions"] == 1, again
 
 
 def test_partitioner_pickles_to_its_cache_key():

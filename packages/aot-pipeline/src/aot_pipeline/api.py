@@ -20,15 +20,17 @@ class CompiledModel:
     Call it like the model. ``backward(loss)`` runs the backward, through our compiled autograd
     when ``compiled_autograd=True`` (the backward starts outside the compiled graph, at
     ``loss.backward()``, so it must be entered there); ``partitions`` lists the forward graphs
-    our partitioner made and ``saved_activation_bytes`` their saved bytes. Other attributes
+    our partitioner made and ``saved_activation_bytes`` their saved bytes. With
+    ``record_partitions=False`` Inductor's caches stay on (a warm restart loads the compiled
+    graphs) and these list only the graphs partitioned in this process. Other attributes
     (``parameters()``, ``train()`` ...) are the model's.
     """
 
     def __init__(self, model: nn.Module | Callable[..., Any], options: PipelineOptions,
-                 dynamic: bool | None) -> None:
+                 dynamic: bool | None, record_partitions: bool = True) -> None:
         self.model = model
         self.options = options
-        self.recorder = PartitionRecorder()
+        self.recorder = PartitionRecorder(bypass_caches=record_partitions)
         self.backend = make_backend(options, self.recorder)
         self.compiled = torch.compile(model, backend=self.backend, dynamic=dynamic)
         self._dynamic = dynamic
@@ -80,6 +82,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     model: nn.Module | Callable[..., Any], *, memory_budget: float = 1.0, solver: str = "dp",
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
     mode: str | None = None, options: dict[str, Any] | None = None,
+    record_partitions: bool = True,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
@@ -90,13 +93,18 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``dynamic`` is torch.compile's. ``mode`` ("default", "reduce-overhead", "max-autotune",
     "max-autotune-no-cudagraphs") and ``options`` (``torch._inductor.config`` settings) reach
     Inductor as with ``torch.compile(backend="inductor")``; unlike there, both may be given.
+    ``record_partitions`` (default True) keeps every partition in ``partitions`` by keeping
+    Inductor's FX graph and AOTAutograd caches off for these graphs; False keeps the caches on,
+    as ``torch.compile(backend="aot_pipeline")`` does, so a second process starts warm.
     Bad values raise ``PipelineOptionError`` (a ValueError).
     """
     if not callable(model):
         raise TypeError(f"compile() needs an nn.Module or a callable, got {type(model).__name__}")
     if dynamic is not None and not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be None, True or False, got {dynamic!r}")
+    if not isinstance(record_partitions, bool):
+        raise TypeError(f"record_partitions must be True or False, got {record_partitions!r}")
     pipeline_options = PipelineOptions(
         memory_budget=memory_budget, solver=solver, compiler=compiler,
         compiled_autograd=compiled_autograd, mode=mode, inductor_options=options or {})
-    return CompiledModel(model, pipeline_options, dynamic)
+    return CompiledModel(model, pipeline_options, dynamic, record_partitions)

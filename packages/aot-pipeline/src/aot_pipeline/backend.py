@@ -206,7 +206,7 @@ def _inductor_backend(options: PipelineOptions,
             "custom_partitioner_fn": AotPipelinePartitioner(options.memory_budget,
                                                             options.solver, recorder),
         }
-        if recorder is not None:
+        if recorder is not None and recorder.bypass_caches:
             # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder
             # would see nothing; with the FX graph cache off both are bypassed. Kernels stay
             # cached.

@@ -18,9 +18,15 @@ class RecordedPartition:
 
 @dataclass
 class PartitionRecorder:
-    """Collects every partition made while it is attached to a back end (one per graph)."""
+    """Collects every partition made while it is attached to a back end (one per graph).
+
+    ``bypass_caches`` (the default) turns Inductor's FX graph cache, and with it AOTAutograd's,
+    off for the graphs it records: a cache hit skips the partitioner, so it would see nothing.
+    Without it the caches stay on and only graphs partitioned in this process are recorded.
+    """
 
     partitions: list[RecordedPartition] = field(default_factory=list)
+    bypass_caches: bool = True
 
     def record_forward(self, forward: fx.GraphModule, backward: fx.GraphModule | None = None,
                        num_fwd_outputs: int | None = None) -> None:
