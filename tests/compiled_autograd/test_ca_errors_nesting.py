@@ -97,6 +97,26 @@ def test_supported_releases_have_a_protocol(version, passes_grad):
     assert protocol.protocol_for(version).accumulate_grad_passes_current_grad is passes_grad
 
 
+@pytest.mark.parametrize("version", ["2.11.0", "2.13.0", "2.15.0"])
+def test_accumulate_grad_call_is_read_per_release(version):
+    # Each release's engine calls accumulate_grad its own way; protocol.py alone knows which.
+    release = protocol.protocol_for(version)
+    variable, current, grad = object(), object(), object()
+    if release.accumulate_grad_passes_current_grad:
+        call = release.unpack_accumulate_grad((variable, current, grad, True))
+        assert (call.variable_grad, call.read_current_grad_at_run_time) == (current, False)
+        assert release.accumulate_grad_reply(grad) is grad
+        wrong = (variable, grad, True)
+    else:
+        call = release.unpack_accumulate_grad((variable, grad, True))
+        assert (call.variable_grad, call.read_current_grad_at_run_time) == (None, True)
+        assert release.accumulate_grad_reply(grad) is None
+        wrong = (variable, current, grad, True)
+    assert (call.variable, call.grad, call.has_post_hooks) == (variable, grad, True)
+    with pytest.raises(RuntimeError, match=rf"accumulate_grad got {len(wrong)} arguments"):
+        release.unpack_accumulate_grad(wrong)
+
+
 def test_unparseable_version_is_refused():
     with pytest.raises(compiled_autograd.UnsupportedTorchError, match="cannot parse"):
         protocol.protocol_for("nightly")

@@ -9,11 +9,7 @@ The Python half of PyTorch's compiled autograd, for torch 2.11 to 2.15::
 
 from __future__ import annotations
 
-from compiled_autograd.capture import (
-    AutogradCompilerInstance,
-    CompilerFnError,
-    ForeignCompilerError,
-)
+from compiled_autograd.capture import AutogradCompilerInstance
 from compiled_autograd.engine import (
     CompiledAutogradConflictError,
     counters,
@@ -23,6 +19,7 @@ from compiled_autograd.engine import (
     reset,
     same_compiler,
 )
+from compiled_autograd.finish import CompilerFnError
 from compiled_autograd.from_config import (
     compile,
     flag_is_on,
@@ -30,6 +27,7 @@ from compiled_autograd.from_config import (
     maybe_enable_from_config,
 )
 from compiled_autograd.protocol import SUPPORTED_RELEASES, UnsupportedTorchError, protocol_for
+from compiled_autograd.runtime import ForeignCompilerError
 
 __all__ = [
     "SUPPORTED_RELEASES",

@@ -43,7 +43,8 @@ def call_accumulate_grad(variable: torch.Tensor, variable_grad: torch.Tensor | N
                          read_current_grad: bool = False) -> torch.Tensor:
     """Accumulate ``grad`` into ``variable.grad`` exactly like eager AccumulateGrad.
 
-    ``read_current_grad`` is set for torch 2.11, whose engine does not pass the current grad.
+    ``read_current_grad`` is set where the engine does not pass the current grad (torch 2.11;
+    see :class:`compiled_autograd.protocol.AccumulateGradCall`).
     """
     if read_current_grad:
         variable_grad = variable.grad

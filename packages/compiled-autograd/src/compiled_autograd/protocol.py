@@ -1,7 +1,9 @@
 """How each supported torch release talks to the Python half of compiled autograd.
 
 Every difference between torch 2.11, 2.13 and 2.15 that this package has to care about lives
-here, so the rest of the package codes against one protocol.
+here, so the rest of the package codes against one protocol: no other module reads
+``torch.__version__``, probes torch for a feature, or guards an import of a torch internal
+(``tests/compiled_autograd/test_ca_protocol_boundary.py`` keeps it so).
 
 The C++ engine (``torch/csrc/dynamo/python_compiled_autograd.cpp``) holds one Python factory,
 installed with ``torch._C._dynamo.compiled_autograd.set_autograd_compiler(factory, dynamic)``.
@@ -65,6 +67,18 @@ class UnsupportedTorchError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class AccumulateGradCall:
+    """One ``accumulate_grad`` call from the engine, named the same way on every release."""
+
+    variable: Any
+    variable_grad: Any  # the parameter's .grad when the engine passes it, else None
+    grad: Any
+    has_post_hooks: bool
+    # 2.11 does not pass the current .grad, so the graph has to read it when it runs.
+    read_current_grad_at_run_time: bool
+
+
+@dataclass(frozen=True)
 class Protocol:
     """What differs between the supported releases, as plain facts."""
 
@@ -75,6 +89,25 @@ class Protocol:
     # 2.13 and later keep the AOT backward prologue/epilogue on the CompiledFunction class;
     # 2.11 has module-level functional versions that take the metadata explicitly.
     aot_prologue_on_class: bool
+
+    def unpack_accumulate_grad(self, args: Sequence[Any]) -> AccumulateGradCall:
+        """The engine's ``accumulate_grad(*args)``, named; refuses an argument count this
+        release does not use."""
+        if self.accumulate_grad_passes_current_grad and len(args) == 4:
+            variable, variable_grad, grad, has_post_hooks = args
+            return AccumulateGradCall(variable, variable_grad, grad, has_post_hooks,
+                                      read_current_grad_at_run_time=False)
+        if not self.accumulate_grad_passes_current_grad and len(args) == 3:
+            variable, grad, has_post_hooks = args
+            return AccumulateGradCall(variable, None, grad, has_post_hooks,
+                                      read_current_grad_at_run_time=True)
+        raise RuntimeError(f"accumulate_grad got {len(args)} arguments; torch "
+                           f"{torch.__version__} is not speaking a known protocol")
+
+    def accumulate_grad_reply(self, new_grad: Any) -> Any:
+        """What the engine expects back from ``accumulate_grad``: the new gradient (2.13 on)
+        or None (2.11)."""
+        return new_grad if self.accumulate_grad_passes_current_grad else None
 
 
 def torch_release(version: str | None = None) -> tuple[int, int]:
