@@ -8,13 +8,24 @@ its ``_boxed_call = True`` attribute and calls it as ``f(list_of_args)``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch.fx as fx
 
 BoxedFunction = Callable[[list[Any]], Any]
-Compiler = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
+
+
+class Compiler(Protocol):
+    """A graph compiler as AOTAutograd calls it: ``compiler(gm, example_inputs) -> callable``.
+
+    Its parameter names are those of torch's ``AOTDispatchCompiler`` protocol, so a Compiler
+    can be passed as ``fw_compiler`` / ``bw_compiler``.
+    """
+
+    def __call__(
+        self, gm: fx.GraphModule, example_inputs: Sequence[Any]
+    ) -> Callable[..., Any]: ...
 
 
 def is_boxed(fn: object) -> bool:
@@ -25,7 +36,7 @@ def is_boxed(fn: object) -> bool:
 def make_boxed_func(fn: Callable[..., Any]) -> BoxedFunction:
     """Wrap an unboxed ``fn(*args)`` as a boxed ``g(args_list)``; boxed functions pass through."""
     if is_boxed(fn):
-        return fn  # type: ignore[return-value]
+        return fn
     if not callable(fn):
         raise TypeError(f"make_boxed_func expects a callable, got {type(fn).__name__}: {fn!r}")
 
@@ -52,7 +63,7 @@ def make_boxed_compiler(compiler: Callable[..., Callable[..., Any]]) -> Compiler
         )
 
     @functools.wraps(compiler)
-    def boxed_compiler(gm: fx.GraphModule, example_inputs: list[Any]) -> BoxedFunction:
+    def boxed_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedFunction:
         return make_boxed_func(compiler(gm, example_inputs))
 
     return boxed_compiler

@@ -299,7 +299,7 @@ def _manifest(folder: Path, data: dict[str, Any] | None) -> DumpManifest:
     if data is None:
         return DumpManifest(folder=folder, run_id=None)
 
-    def opt(key: str, kind: type) -> Any:
+    def opt(key: str, kind: type | tuple[type, ...]) -> Any:
         value = data.get(key)
         return value if isinstance(value, kind) and not isinstance(value, bool) else None
 

@@ -346,11 +346,12 @@ class GraphDumper:
         self.graph_index += 1
         run = self._start_run(index)
 
-        def save_forward(fw: fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
-            return self._save(fw, args, "forward", run)
+        # Parameter names as in torch's AOTDispatchCompiler protocol (fw_compiler/bw_compiler).
+        def save_forward(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+            return self._save(gm, example_inputs, "forward", run)
 
-        def save_backward(bw: fx.GraphModule, args: Sequence[Any]) -> Callable[..., Any]:
-            return self._save(bw, args, "backward", run)
+        def save_backward(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+            return self._save(gm, example_inputs, "backward", run)
 
         def save_joint(joint: fx.GraphModule, joint_args: Sequence[Any], **kwargs: Any
                        ) -> tuple[fx.GraphModule, fx.GraphModule]:

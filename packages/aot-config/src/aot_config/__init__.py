@@ -16,6 +16,7 @@ from aot_config.config_module import (
     ConfigPatch,
     Flag,
     InertFlagWarning,
+    flag,
     install_config_module,
     parse_env_bool,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "Flag",
     "InertFlagWarning",
     "dynamo",
+    "flag",
     "functorch",
     "install_config_module",
     "parse_env_bool",

@@ -1,8 +1,8 @@
 """The config-module machinery: declare flags in a plain module, then install it.
 
-A flag set is an ordinary Python module whose flags are ``Flag(...)`` declarations::
+A flag set is an ordinary Python module whose flags are ``flag(...)`` declarations::
 
-    cse = Flag(True, doc="Apply CSE to the joint graph before partitioning.")
+    cse: bool = flag(True, doc="Apply CSE to the joint graph before partitioning.")
     install_config_module(sys.modules[__name__])
 
 After ``install_config_module`` the module object *is* the config object (its class is replaced
@@ -10,6 +10,13 @@ by :class:`ConfigModule`): flags read and write as attributes with type and vali
 the module gains ``patch``, ``to_dict``, ``save_config``, ``load_config``, ``codegen_config``,
 ``get_hash`` and friends. Only ``Flag`` declarations become flags; functions, constants and
 imports in the module stay ordinary attributes.
+
+Typing: :func:`flag` builds the same ``Flag`` as the class does, but type checkers see it return
+its default's type, i.e. the type the module attribute has once installed (annotate the
+declaration when the default does not say it: ``log_dir: str | None = flag(None, type=...)``).
+A flag module adds ``if TYPE_CHECKING: from aot_config._config_typing import *`` so that
+checkers also see ``patch``, ``get_hash``, ``save_config`` and the other ConfigModule methods as
+module-level functions.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import unittest
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from aot_config.persistence import ConfigLoadError, decode_saved, encode_saved
 
@@ -42,11 +49,13 @@ __all__ = [
     "ConfigPatch",
     "Flag",
     "InertFlagWarning",
+    "flag",
     "install_config_module",
     "parse_env_bool",
 ]
 
 _UNSET: Any = object()
+_T = TypeVar("_T")
 
 # Every accepted spelling of a boolean in an environment variable, lower-cased.
 BOOL_SPELLINGS: dict[str, bool] = {
@@ -189,6 +198,47 @@ class Flag:
                 setattr(self, slot, self.check(parsed))
             except ValueError as error:
                 raise ValueError(f"environment variable {variable}={raw!r}: {error}") from None
+
+
+def flag(
+    default: _T,
+    *,
+    type: Any = None,
+    doc: str = "",
+    env: str | None = None,
+    env_forces: str | None = None,
+    env_parse: Callable[[str], Any] | None = None,
+    choices: tuple[Any, ...] | None = None,
+    range: tuple[float | None, float | None] | None = None,
+    validator: Callable[[Any], str | None] | None = None,
+    compile_ignored: bool | str = False,
+    aliases: tuple[str, ...] = (),
+    inert: str | None = None,
+    save: bool = True,
+) -> _T:
+    """Declare a flag: ``name: T = flag(default, ...)``; the arguments are :class:`Flag`'s.
+
+    Returns a ``Flag`` (which ``install_config_module`` turns into a checked attribute), but is
+    typed as returning the default's type: after installation the module attribute *is* the
+    value, and this lets type checkers see it that way (torch's ``Config`` does the same). Use
+    ``Flag(...)`` itself where the declaration object is wanted.
+    """
+    declaration = Flag(
+        default,
+        type=type,
+        doc=doc,
+        env=env,
+        env_forces=env_forces,
+        env_parse=env_parse,
+        choices=choices,
+        range=range,
+        validator=validator,
+        compile_ignored=compile_ignored,
+        aliases=aliases,
+        inert=inert,
+        save=save,
+    )
+    return typing.cast(_T, declaration)  # the declaration stands in for the value until install
 
 
 # ----------------------------------------------------------------------------------------------
@@ -903,7 +953,9 @@ class ConfigPatch:
             test.addCleanup(patch.__exit__, None, None, None)
             original_setup(test)
 
-        test_case.setUp = setUp  # type: ignore[method-assign]
+        # Replacing a method is the point; mypy also mistypes the slot of a type[...] variable
+        # as taking self twice, hence "assignment" as well as "method-assign".
+        test_case.setUp = setUp  # type: ignore[method-assign, assignment]
         return test_case
 
     def __repr__(self) -> str:

@@ -9,28 +9,32 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from aot_config.config_module import Flag, install_config_module
+from aot_config.config_module import flag, install_config_module
+
+if TYPE_CHECKING:
+    # ConfigModule's methods (patch, get_hash, ...) as this module's functions, for checkers.
+    from aot_config._config_typing import *  # noqa: F403
 
 # ---- logging and debugging -----------------------------------------------------------------------
 
-log_file_name = Flag(
+log_file_name: str | None = flag(
     None,
     type=str | None,
     compile_ignored="debug",
     doc="File to write dynamo logs to (TORCH_LOGS / torch._logging.set_logs pick the levels).",
 )
 
-verbose = Flag(
+verbose: bool = flag(
     False,
     env="TORCHDYNAMO_VERBOSE",
     compile_ignored="debug",
     doc="Print full stack traces on warnings and errors.",
 )
 
-verify_correctness = Flag(
+verify_correctness: bool = flag(
     False,
     compile_ignored="runtime_behaviour",
     doc="Check the optimized backend's outputs against eager.",
@@ -38,89 +42,91 @@ verify_correctness = Flag(
 
 # ---- graph capture ---------------------------------------------------------------------------------
 
-minimum_call_count = Flag(1, range=(1, None), doc="Ops needed before an FX graph is created.")
+minimum_call_count: int = flag(1, range=(1, None), doc="Ops needed before an FX graph is created.")
 
-dead_code_elimination = Flag(True, doc="Run dead-code elimination on captured graphs.")
+dead_code_elimination: bool = flag(True, doc="Run dead-code elimination on captured graphs.")
 
-cache_size_limit = Flag(
+cache_size_limit: int = flag(
     8,
     range=(0, None),
     compile_ignored="runtime_behaviour",
     doc="Max cache entries per ID_MATCH'd object (or per code object without such guards).",
 )
 
-accumulated_cache_size_limit = Flag(
+accumulated_cache_size_limit: int = flag(
     256,
     range=(0, None),
     compile_ignored="runtime_behaviour",
     doc="Max cache entries per code object overall: a safeguard against endless recompiles.",
 )
 
-specialize_int = Flag(
+specialize_int: bool = flag(
     False, doc="Specialize on int inputs under dynamic shapes (mostly for export: False)."
 )
 
-specialize_float = Flag(
+specialize_float: bool = flag(
     True, doc="Specialize on float inputs instead of promoting them to tensors."
 )
 
-dynamic_shapes = Flag(
+dynamic_shapes: bool = flag(
     True,
     inert="legacy config; dynamic shapes are controlled by automatic_dynamic_shapes",
     doc="Legacy, does nothing.",
 )
 
-use_lazy_graph_module = Flag(
+use_lazy_graph_module: bool = flag(
     True,
     env="TORCH_COMPILE_USE_LAZY_GRAPH_MODULE",
     doc="Compile GraphModule code lazily, on first call.",
 )
 
-assume_static_by_default = Flag(
+assume_static_by_default: bool = flag(
     True,
     doc="Under dynamic shapes, only dims marked with mark_dynamic get symbols at first.",
 )
 
 # The seed's text is cut off after the comment describing this flag; torch declares it here.
-automatic_dynamic_shapes = Flag(
+automatic_dynamic_shapes: bool = flag(
     True,
     doc="Recompile a frame with dynamic shapes for dims that changed since the first compile.",
 )
 
-traceable_tensor_subclasses = Flag(
+traceable_tensor_subclasses: set[type] = flag(
     set(),
     type=set[type],
     doc="Tensor subclasses dynamo may trace into.",
 )
 
-suppress_errors = Flag(
+suppress_errors: bool = flag(
     False,
     env="TORCHDYNAMO_SUPPRESS_ERRORS",
     doc="Fall back to eager when torch._dynamo.optimize fails instead of raising.",
 )
 
-replay_record_enabled = Flag(
+replay_record_enabled: bool = flag(
     False,
     env="TORCH_COMPILE_REPLAY_RECORD",
     doc="Record the failing frame's execution to a file when an exception occurs.",
 )
 
-rewrite_assert_with_torch_assert = Flag(
+rewrite_assert_with_torch_assert: bool = flag(
     True, doc="Rewrite Python assert statements to torch._assert."
 )
 
-disable = Flag(False, env="TORCH_COMPILE_DISABLE", doc="Disable dynamo entirely.")
+disable: bool = flag(False, env="TORCH_COMPILE_DISABLE", doc="Disable dynamo entirely.")
 
-cprofile = Flag(False, env="TORCH_COMPILE_CPROFILE", doc="Collect a cProfile trace of dynamo.")
+cprofile: bool = flag(
+    False, env="TORCH_COMPILE_CPROFILE", doc="Collect a cProfile trace of dynamo."
+)
 
-skipfiles_inline_module_allowlist = Flag(
+skipfiles_inline_module_allowlist: dict[Any, Any] = flag(
     {},
     type=dict[Any, Any],
     inert="legacy config; skipfiles no longer reads it",
     doc="Legacy, does nothing.",
 )
 
-allowed_functions_module_string_ignorelist = Flag(
+allowed_functions_module_string_ignorelist: set[str] = flag(
     {"torch.distributions", "torch.testing", "torch._refs", "torch._prims", "torch._decomp"},
     type=set[str],
     doc="torch modules whose functions are never treated as allowed in FX graphs.",
@@ -128,7 +134,7 @@ allowed_functions_module_string_ignorelist = Flag(
 
 # ---- minifier / repro --------------------------------------------------------------------------------
 
-repro_after = Flag(
+repro_after: str | None = flag(
     None,
     type=str | None,
     choices=(None, "aot", "dynamo"),
@@ -136,34 +142,34 @@ repro_after = Flag(
     doc="Run the minifier on failure: None (off), 'dynamo' graphs or 'aot' graphs.",
 )
 
-repro_level = Flag(
+repro_level: int = flag(
     2,
     range=(1, 4),
     env="TORCHDYNAMO_REPRO_LEVEL",
     doc="1: dump repro.py on failure; 2: minifier launcher on failure; 3: always; 4: on accuracy failure.",
 )
 
-repro_forward_only = Flag(
+repro_forward_only: bool = flag(
     False,
     env="TORCHDYNAMO_REPRO_FORWARD_ONLY",
     doc="Minify using the forward pass only.",
 )
 
-repro_tolerance = Flag(
+repro_tolerance: float = flag(
     1e-3,
     range=(0.0, None),
     compile_ignored="debug",
     doc="Divergence above which the minifier reports an accuracy failure.",
 )
 
-repro_ignore_non_fp = Flag(
+repro_ignore_non_fp: bool = flag(
     False,
     env="TORCHDYNAMO_REPRO_IGNORE_NON_FP",
     compile_ignored="debug",
     doc="Ignore non-floating-point values (e.g. bool tensors) when checking accuracy.",
 )
 
-same_two_models_use_fp64 = Flag(
+same_two_models_use_fp64: bool = flag(
     True,
     compile_ignored="runtime_behaviour",
     doc="Compare models against an fp64 reference (uses more memory).",
@@ -171,31 +177,31 @@ same_two_models_use_fp64 = Flag(
 
 # ---- what gets captured ------------------------------------------------------------------------------
 
-capture_scalar_outputs = Flag(
+capture_scalar_outputs: bool = flag(
     False,
     env="TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS",
     doc="Capture .item() and other scalar outputs instead of breaking the graph.",
 )
 
-capture_dynamic_output_shape_ops = Flag(
+capture_dynamic_output_shape_ops: bool = flag(
     False,
     env="TORCHDYNAMO_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS",
     doc="Capture ops with data-dependent output shapes instead of breaking the graph.",
 )
 
-prefer_deferred_runtime_asserts_over_guards = Flag(
+prefer_deferred_runtime_asserts_over_guards: bool = flag(
     False, doc="Prefer deferred runtime asserts over guards."
 )
 
-_allow_complex_guards_as_runtime_asserts = Flag(
+_allow_complex_guards_as_runtime_asserts: bool = flag(
     False, doc="Turn complex guards into runtime asserts instead of erroring or specializing."
 )
 
-force_unspec_int_unbacked_size_like_on_torchrec_kjt = Flag(
+force_unspec_int_unbacked_size_like_on_torchrec_kjt: bool = flag(
     False, doc="Treat torchrec KJT _length_per_key/_offset_per_key ints as unbacked size-like."
 )
 
-enforce_cond_guards_match = Flag(
+enforce_cond_guards_match: bool = flag(
     True, doc="Require cond's true_fn and false_fn to produce the same guards."
 )
 
@@ -215,7 +221,7 @@ def _check_optimize_ddp(value: bool | str) -> str | None:
     return f"expected True, False or one of {', '.join(map(repr, _ddp_optimization_mode))}"
 
 
-optimize_ddp = Flag(
+optimize_ddp: bool | str = flag(
     True,
     type=bool | str,
     validator=_check_optimize_ddp,
@@ -223,41 +229,45 @@ optimize_ddp = Flag(
     "no_optimization (False).",
 )
 
-do_not_emit_runtime_asserts = Flag(
+do_not_emit_runtime_asserts: bool = flag(
     False,
     env="TORCH_DYNAMO_DO_NOT_EMIT_RUNTIME_ASSERTS",
     doc="Keep runtime asserts as shape hints but do not emit them in the graph.",
 )
 
-optimize_ddp_lazy_compile = Flag(False, inert="no longer used", doc="Legacy, does nothing.")
+optimize_ddp_lazy_compile: bool = flag(False, inert="no longer used", doc="Legacy, does nothing.")
 
-skip_fsdp_guards = Flag(True, doc="Skip guards on FSDP-managed modules.")
+skip_fsdp_guards: bool = flag(True, doc="Skip guards on FSDP-managed modules.")
 
-skip_fsdp_hooks = Flag(False, doc="Apply torch._dynamo.disable() to per-parameter FSDP hooks.")
+skip_fsdp_hooks: bool = flag(
+    False, doc="Apply torch._dynamo.disable() to per-parameter FSDP hooks."
+)
 
-skip_nnmodule_hook_guards = Flag(
+skip_nnmodule_hook_guards: bool = flag(
     True, doc="Do not guard on nn.Module hooks (unsafe if hooks change after compiling)."
 )
 
 # ---- errors ---------------------------------------------------------------------------------------------
 
-raise_on_ctx_manager_usage = Flag(True, doc="Raise when dynamo is used as a context manager.")
+raise_on_ctx_manager_usage: bool = flag(True, doc="Raise when dynamo is used as a context manager.")
 
-raise_on_unsafe_aot_autograd = Flag(False, doc="Raise when AOT autograd is unsafe to use.")
+raise_on_unsafe_aot_autograd: bool = flag(False, doc="Raise when AOT autograd is unsafe to use.")
 
-error_on_nested_jit_trace = Flag(
+error_on_nested_jit_trace: bool = flag(
     True, doc="Raise when torch.jit.trace is applied to a dynamo-optimized function."
 )
 
-error_on_nested_fx_trace = Flag(
+error_on_nested_fx_trace: bool = flag(
     True, doc="Raise a clear error when symbolic tracing a dynamo-optimized function."
 )
 
-allow_rnn = Flag(False, doc="Trace RNNs instead of breaking the graph on them.")
+allow_rnn: bool = flag(False, doc="Trace RNNs instead of breaking the graph on them.")
 
-error_on_recompile = Flag(False, doc="Raise when a seen function would be recompiled.")
+error_on_recompile: bool = flag(False, doc="Raise when a seen function would be recompiled.")
 
-report_guard_failures = Flag(True, inert="deprecated, no longer used", doc="Legacy, does nothing.")
+report_guard_failures: bool = flag(
+    True, inert="deprecated, no longer used", doc="Legacy, does nothing."
+)
 
 
 def _default_base_dir() -> str:
@@ -268,30 +278,32 @@ def _default_base_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-base_dir = Flag(
+base_dir: str = flag(
     _default_base_dir(),
     doc="Directory that holds the torch package (the project root for skip rules).",
 )
 
 # ---- NumPy -------------------------------------------------------------------------------------------------
 
-trace_numpy = Flag(True, doc="Trace NumPy code instead of breaking the graph.")
+trace_numpy: bool = flag(True, doc="Trace NumPy code instead of breaking the graph.")
 
-numpy_default_float = Flag("float64", doc="Default NumPy float dtype when tracing NumPy.")
+numpy_default_float: str = flag("float64", doc="Default NumPy float dtype when tracing NumPy.")
 
-numpy_default_complex = Flag("complex128", doc="Default NumPy complex dtype when tracing NumPy.")
+numpy_default_complex: str = flag(
+    "complex128", doc="Default NumPy complex dtype when tracing NumPy."
+)
 
-numpy_default_int = Flag("int64", doc="Default NumPy int dtype when tracing NumPy.")
+numpy_default_int: str = flag("int64", doc="Default NumPy int dtype when tracing NumPy.")
 
-use_numpy_random_stream = Flag(False, doc="Use NumPy's RNG stream instead of torch's.")
+use_numpy_random_stream: bool = flag(False, doc="Use NumPy's RNG stream instead of torch's.")
 
 # ---- guards and modules --------------------------------------------------------------------------------------
 
-enable_cpp_guard_manager = Flag(
+enable_cpp_guard_manager: bool = flag(
     True, env="TORCHDYNAMO_CPP_GUARD_MANAGER", doc="Use the C++ guard manager."
 )
 
-inline_inbuilt_nn_modules = Flag(
+inline_inbuilt_nn_modules: bool = flag(
     False,
     env="TORCHDYNAMO_INLINE_INBUILT_NN_MODULES",
     doc="Inline built-in nn.Modules instead of treating them as graph leaves.",
@@ -302,18 +314,18 @@ inline_inbuilt_nn_modules = Flag(
 DEBUG_DIR_VAR_NAME = "TORCH_COMPILE_DEBUG_DIR"
 
 
-def default_debug_dir_root(environ: dict[str, str] | None = None) -> str:
+def default_debug_dir_root(environ: Mapping[str, str] | None = None) -> str:
     """``$TORCH_COMPILE_DEBUG_DIR/torch_compile_debug`` if set, else ``./torch_compile_debug``.
 
     The seed's internal-build branch (a per-user temp dir) is dropped: we are never that build.
     """
-    environ = os.environ if environ is None else environ
-    if DEBUG_DIR_VAR_NAME in environ:
-        return os.path.join(environ[DEBUG_DIR_VAR_NAME], "torch_compile_debug")
+    variables = os.environ if environ is None else environ
+    if DEBUG_DIR_VAR_NAME in variables:
+        return os.path.join(variables[DEBUG_DIR_VAR_NAME], "torch_compile_debug")
     return os.path.join(os.getcwd(), "torch_compile_debug")
 
 
-debug_dir_root = Flag(
+debug_dir_root: str = flag(
     os.path.join(os.getcwd(), "torch_compile_debug"),
     env=DEBUG_DIR_VAR_NAME,
     env_parse=lambda raw: os.path.join(raw, "torch_compile_debug"),
@@ -333,52 +345,52 @@ _save_config_ignore = {
 
 # ---- cudagraphs and ops ------------------------------------------------------------------------------------------
 
-cudagraph_backend_keep_input_mutation = Flag(
+cudagraph_backend_keep_input_mutation: bool = flag(
     False, doc="backend='cudagraphs': send input mutations to cudagraphs instead of replaying them."
 )
 
-cudagraph_backend_support_input_mutation = Flag(
+cudagraph_backend_support_input_mutation: bool = flag(
     False, doc="Support mutated inputs coming from a previous cudagraph pool."
 )
 
-only_allow_pt2_compliant_ops = Flag(
+only_allow_pt2_compliant_ops: bool = flag(
     False, doc="Only ops tagged torch.Tag.pt2_compliant enter the graph; others fall back to eager."
 )
 
-capture_autograd_function = Flag(True, doc="Capture autograd.Function subclasses.")
+capture_autograd_function: bool = flag(True, doc="Capture autograd.Function subclasses.")
 
-capture_func_transforms = Flag(True, doc="Trace torch.func transforms.")
+capture_func_transforms: bool = flag(True, doc="Trace torch.func transforms.")
 
-log_compilation_metrics = Flag(True, doc="Log compilation metrics to the log file.")
+log_compilation_metrics: bool = flag(True, doc="Log compilation metrics to the log file.")
 
-reorderable_logging_functions = Flag(
+reorderable_logging_functions: set[Callable[..., Any]] = flag(
     set(),
     type=set[Callable],
     doc="Logging functions moved to the end of a graph break so dynamo builds larger graphs.",
 )
 
-inject_BUILD_SET_unimplemented_TESTING_ONLY = Flag(
+inject_BUILD_SET_unimplemented_TESTING_ONLY: bool = flag(
     False, doc="Pretend BUILD_SET is unsupported (testing only)."
 )
 
-_autograd_backward_strict_mode_banned_ops = Flag(
+_autograd_backward_strict_mode_banned_ops: list[str] = flag(
     ["stride", "requires_grad", "storage_offset", "layout", "data"],
     type=list[str],
     doc="Tensor attributes banned in backward strict mode (plus is_* methods, see "
     "autograd_backward_strict_mode_banned_ops).",
 )
 
-fake_tensor_cache_enabled = Flag(
+fake_tensor_cache_enabled: bool = flag(
     True, env="TORCH_FAKE_TENSOR_DISPATCH_CACHE", doc="Cache fake tensor dispatch results."
 )
 
-fake_tensor_cache_crosscheck_enabled = Flag(
+fake_tensor_cache_crosscheck_enabled: bool = flag(
     False,
     env="TORCH_FAKE_TENSOR_DISPATCH_CACHE_CROSSCHECK",
     doc="Cross-check cached fake tensor dispatch results against fresh dispatch.",
 )
 
-compiled_autograd = Flag(
+compiled_autograd: bool = flag(
     False,
     doc="Trace .backward() calls under torch.compile with compiled autograd.",
 )

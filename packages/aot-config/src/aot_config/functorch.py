@@ -12,98 +12,103 @@ Usage::
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from aot_config.config_module import Flag, install_config_module
+from aot_config.config_module import flag, install_config_module
+
+if TYPE_CHECKING:
+    # ConfigModule's methods (patch, get_hash, ...) as this module's functions, for checkers.
+    from aot_config._config_typing import *  # noqa: F403
 
 # ---- RNG, fake tensors, asserts --------------------------------------------------------------
 
-functionalize_rng_ops = Flag(
+functionalize_rng_ops: bool = flag(
     False,
     doc="Convert torch RNG ops to functional philox equivalents (CUDA RNG ops only).",
 )
 
-fake_tensor_allow_meta = Flag(
+fake_tensor_allow_meta: bool = flag(
     True,
     env="FAKE_ALLOW_META",
     doc="Allow fake tensors to be created from meta tensors (turn off to debug bad meta fakes).",
 )
 
-debug_assert = Flag(
+debug_assert: bool = flag(
     False,
     doc="Enable optional asserts in hot-path code; costs tracing time (aot_eager turns it on).",
 )
 
-debug_partitioner = Flag(
+debug_partitioner: bool = flag(
     False,
     env="AOT_PARTITIONER_DEBUG",
     compile_ignored="debug",
     doc="Log the partitioner's decisions (saved values, bans, recompute choices).",
 )
 
-_max_aliased_inputs_with_dynamic_shapes_enabled = Flag(
+_max_aliased_inputs_with_dynamic_shapes_enabled: int = flag(
     5,
     range=(0, None),
     doc="Error instead of compiling forever when this many inputs falsely alias under dynamic shapes.",
 )
 
-static_weight_shapes = Flag(
+static_weight_shapes: bool = flag(
     True,
     doc="Treat parameter and buffer shapes as static even when dynamic shapes are on.",
 )
 
-cse = Flag(
+cse: bool = flag(
     True, doc="Apply common-subexpression elimination to the joint graph before partitioning."
 )
 
 # Newer torch (2.13) adds this flag with default True; the seed's behaviour is False, kept here.
-treat_parameters_as_free_to_save = Flag(
+treat_parameters_as_free_to_save: bool = flag(
     False,
     doc="Let the min-cut treat static-lifetime inputs (parameters) as free to save for backward.",
 )
 
 # The seed used `not is_fbcode()`; outside Meta's internal build that is True.
-view_replay_for_aliased_outputs = Flag(
+view_replay_for_aliased_outputs: bool = flag(
     True,
     doc="Regenerate aliased outputs with functionalization's view replay before as_strided.",
 )
 
 # ---- min-cut partitioner heuristics ------------------------------------------------------------
 
-max_dist_from_bw = Flag(
+max_dist_from_bw: int = flag(
     1000,
     range=(0, None),
     doc="Ban recomputing nodes farther than this from the backward pass (effectively disabled).",
 )
 
-ban_recompute_used_far_apart = Flag(
+ban_recompute_used_far_apart: bool = flag(
     True, doc="Ban recomputing a node whose users are far apart in the backward pass."
 )
 
-ban_recompute_long_fusible_chains = Flag(
+ban_recompute_long_fusible_chains: bool = flag(
     True, doc="Break long chains of fusible ops so backward recompute chains stay bounded."
 )
 
-ban_recompute_materialized_backward = Flag(
+ban_recompute_materialized_backward: bool = flag(
     True, doc="Ban recomputing nodes that the backward would materialize in a non-fusible op."
 )
 
-ban_recompute_not_in_allowlist = Flag(
+ban_recompute_not_in_allowlist: bool = flag(
     True,
     doc="Only recompute allow-listed (cheap) ops; False switches to a block-list (sort, pool, ...).",
 )
 
-ban_recompute_reductions = Flag(
+ban_recompute_reductions: bool = flag(
     True, doc="Ban recomputing reductions: their outputs are small but they are costly in fusions."
 )
 
-recompute_views = Flag(False, doc="Never save views: always recompute them (views are free).")
+recompute_views: bool = flag(False, doc="Never save views: always recompute them (views are free).")
 
-aggressive_recomputation = Flag(
+aggressive_recomputation: bool = flag(
     False,
     doc="Turn every ban_recompute_* heuristic off except ban_recompute_reductions (saves memory).",
 )
 
-min_cut_solver = Flag(
+min_cut_solver: str = flag(
     "scipy",
     choices=("scipy", "networkx"),
     env="AOT_MIN_CUT_SOLVER",
@@ -112,26 +117,26 @@ min_cut_solver = Flag(
 
 # ---- activation memory budget --------------------------------------------------------------------
 
-activation_memory_budget = Flag(
+activation_memory_budget: float = flag(
     1.0,
     type=float,
     range=(0.0, 1.0),
     doc="Fraction of the default policy's activation memory to keep: 0 = full recompute, 1 = default.",
 )
 
-activation_memory_budget_runtime_estimator = Flag(
+activation_memory_budget_runtime_estimator: str = flag(
     "flops",
     choices=("flops", "profile", "testing"),
     doc="Op runtime estimate for the budget: FLOP count, benchmarking, or 1 per op ('testing').",
 )
 
-activation_memory_budget_solver = Flag(
+activation_memory_budget_solver: str = flag(
     "dp",
     choices=("dp", "greedy", "ilp", "ilp_graph", "dp_graph"),
     doc="0-1 knapsack solver for the budget: dp, greedy, ilp (scipy), ilp_graph, dp_graph.",
 )
 
-visualize_memory_budget_pareto = Flag(
+visualize_memory_budget_pareto: bool = flag(
     False,
     env="PARTITIONER_MEMORY_BUDGET_PARETO",
     compile_ignored="debug",
@@ -140,36 +145,36 @@ visualize_memory_budget_pareto = Flag(
 
 # ---- fake tensors and effects ---------------------------------------------------------------------
 
-fake_tensor_allow_unsafe_data_ptr_access = Flag(
+fake_tensor_allow_unsafe_data_ptr_access: bool = flag(
     True, doc="Allow FakeTensor.data_ptr() instead of erroring (torch.compile turns this off)."
 )
 
-unlift_effect_tokens = Flag(
+unlift_effect_tokens: bool = flag(
     False,
     doc="Insert make_token/sink_token calls in the graph instead of threading effect tokens.",
 )
 
-fake_tensor_propagate_real_tensors = Flag(
+fake_tensor_propagate_real_tensors: bool = flag(
     False,
     doc="Also run real tensors alongside fake ones (resolves item() and checks fake vs. real).",
 )
 
 # ---- output and caching -----------------------------------------------------------------------------
 
-torch_compile_graph_format = Flag(
+torch_compile_graph_format: str = flag(
     "svg",
     env="TORCH_COMPILE_GRAPH_FORMAT",
     compile_ignored="debug",
     doc="Default Graphviz output format for draw_graph (see graphviz.org/docs/outputs).",
 )
 
-enable_autograd_cache = Flag(
+enable_autograd_cache: bool = flag(
     False,
     env="ENABLE_AOT_AUTOGRAD_CACHE",
     doc="Cache AOTAutograd results across compilations.",
 )
 
-strict_autograd_cache = Flag(
+strict_autograd_cache: bool = flag(
     False, doc="Raise instead of warning when the AOTAutograd cache is bypassed (for tests)."
 )
 

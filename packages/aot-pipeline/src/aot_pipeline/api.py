@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .backend import make_backend
-from .options import PipelineOptions
+from .options import PipelineOptions, inductor_pairs
 from .recording import PartitionRecorder
 
 
@@ -106,5 +106,6 @@ def compile(  # noqa: A001 - mirrors torch.compile
         raise TypeError(f"record_partitions must be True or False, got {record_partitions!r}")
     pipeline_options = PipelineOptions(
         memory_budget=memory_budget, solver=solver, compiler=compiler,
-        compiled_autograd=compiled_autograd, mode=mode, inductor_options=options or {})
+        compiled_autograd=compiled_autograd, mode=mode,
+        inductor_options=inductor_pairs(options or {}))
     return CompiledModel(model, pipeline_options, dynamic, record_partitions)

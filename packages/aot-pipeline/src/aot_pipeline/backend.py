@@ -79,6 +79,8 @@ def _sources_digest() -> str:
 
     digest = hashlib.sha256()
     for package in (aot_partition, aot_config, sys.modules[__package__]):
+        if package.__file__ is None:  # a namespace package: never one of these three
+            raise RuntimeError(f"{package.__name__} has no __file__ to find its sources by")
         package_dir = Path(package.__file__).parent
         for path in sorted(package_dir.rglob("*.py")):
             digest.update(path.relative_to(package_dir).as_posix().encode())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -200,21 +201,26 @@ def build_model(
             raise ValueError(f"layers must be >= 1, got {layers}")
         sizes["layers"] = layers
     generator = torch.Generator().manual_seed(seed + 1)
+    # Constructor arguments: the sizes, and flags such as GPT's sdpa (a bool is an int here).
+    arguments: dict[str, Any] = sizes
+    module: nn.Module
     if name == "mlp":
-        module: nn.Module = MLP(**sizes)
-        dim = module.layers[0].in_features
+        mlp = MLP(**arguments)
+        module = mlp
+        dim = mlp.head.in_features  # the width of every layer
 
         def make_inputs() -> tuple[torch.Tensor, ...]:
             return (torch.randn(batch, dim, generator=generator).to(device),)
     elif name in ("gpt", "llama"):
-        module = GPT(**sizes) if name == "gpt" else Llama(**sizes)
-        vocab = module.tok.num_embeddings
+        language_model = GPT(**arguments) if name == "gpt" else Llama(**arguments)
+        module = language_model
+        vocab = language_model.tok.num_embeddings
         seq = sizes.get("seq", 16)
 
         def make_inputs() -> tuple[torch.Tensor, ...]:
             return (torch.randint(0, vocab, (batch, seq), generator=generator).to(device),)
     else:
-        module = ConvNet(**sizes)
+        module = ConvNet(**arguments)
         image = sizes.get("image", 16)
 
         def make_inputs() -> tuple[torch.Tensor, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -56,7 +56,7 @@ class PipelineOptions:
             raise PipelineOptionError(
                 f"mode must be a string or None, got {self.mode!r} ({type(self.mode).__name__})"
             )
-        pairs = _inductor_pairs(self.inductor_options)
+        pairs = inductor_pairs(self.inductor_options)
         object.__setattr__(self, "inductor_options", pairs)
         if self.compiler != "inductor":
             given = [f"mode={self.mode!r}"] if self.mode not in (None, "default") else []
@@ -127,14 +127,18 @@ def split_options(options: Mapping[str, Any] | None,
     return ours, inductor
 
 
-def _inductor_pairs(options: object) -> tuple[tuple[str, Any], ...]:
-    items = options.items() if isinstance(options, Mapping) else options
+def inductor_pairs(options: object) -> tuple[tuple[str, Any], ...]:
+    """A mapping (or iterable of pairs) of Inductor settings as sorted ``(name, value)`` pairs."""
+    error = PipelineOptionError(
+        f"inductor_options must be a dict of torch._inductor.config settings, got {options!r}"
+    )
+    items: object = options.items() if isinstance(options, Mapping) else options
+    if not isinstance(items, Iterable):
+        raise error
     try:
-        pairs = tuple((key, value) for key, value in items)  # type: ignore[union-attr]
+        pairs = tuple((key, value) for key, value in items)
     except (TypeError, ValueError):
-        raise PipelineOptionError(
-            f"inductor_options must be a dict of torch._inductor.config settings, got {options!r}"
-        ) from None
+        raise error from None
     bad = [key for key, _ in pairs if not isinstance(key, str)]
     if bad:
         raise PipelineOptionError(

@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from compiled_autograd import protocol
-from compiled_autograd.tracing import BackwardTracer, placeholder_tensor
+from compiled_autograd.tracing import BackwardTracer, placeholder_tensor, proxy_item
 
 
 def is_aot_backward(forward_cls: Any) -> bool:
@@ -65,7 +65,7 @@ class AotBackwardPaster:
 
         placeholders = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
         # bw_module's calling convention: [*symints, *saved and grads, backward_state?]
-        pargs = [pgrads[i] for i in range(len(placeholders) - int(pstate is not None))]
+        pargs = [proxy_item(pgrads, i) for i in range(len(placeholders) - int(pstate is not None))]
         pargs[: len(symints)] = psymints
         if pstate is not None:
             pargs.append(pstate)

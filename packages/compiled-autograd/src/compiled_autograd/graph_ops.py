@@ -85,13 +85,14 @@ def copy_slices_epilogue(needs_input_grad: Sequence[bool], result: torch.Tensor,
     """Second half of CopySlices: write the view's gradient back into the base's."""
     grad_inputs: list[torch.Tensor | None] = [None] * len(needs_input_grad)
     for index, needed in enumerate(needs_input_grad):
-        if not needed or res[index] is None:
+        grad = res[index]
+        if not needed or grad is None:
             continue
         if index == 0:
-            grad_slice.copy_(res[index])
+            grad_slice.copy_(grad)
             grad_inputs[index] = result
         else:
-            grad_inputs[index] = res[index]
+            grad_inputs[index] = grad
     return grad_inputs
 
 

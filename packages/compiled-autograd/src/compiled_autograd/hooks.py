@@ -9,7 +9,7 @@ Where in the graph the hooks end up is :mod:`compiled_autograd.passes`' business
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch.fx.experimental._backward_state import BackwardState
@@ -17,9 +17,13 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, trac
 
 from compiled_autograd import protocol
 from compiled_autograd.graph_ops import call_hook
-from compiled_autograd.tracing import BackwardTracer, placeholder_tensor
+from compiled_autograd.tracing import BackwardTracer, placeholder_tensor, proxy_item
 
 
+@overload
+def _clone(x: torch.Tensor) -> torch.Tensor: ...
+@overload
+def _clone(x: torch.Tensor | None) -> torch.Tensor | None: ...
 def _clone(x: torch.Tensor | None) -> torch.Tensor | None:
     # Hooks may return their input; a clone gives the proxy a tensor of its own to bind to.
     return None if x is None else torch._prims_common.clone_preserve_strides(x)
@@ -35,7 +39,7 @@ def _record_hook(tracer: BackwardTracer, hook_id: int, hook_type: str,
 def record_unpack_hook(tracer: BackwardTracer, hook_id: int, data_id: int) -> torch.Tensor:
     """A saved-tensor unpack hook, applied to ``packed_data[data_id]``."""
     proxy = tracer.record(call_hook, (tracer.hook_proxy(hook_id),
-                                      tracer.packed_data_proxy[data_id]),
+                                      proxy_item(tracer.packed_data_proxy, data_id)),
                           {"hook_type": "unpack_hook"})
     out = placeholder_tensor()
     tracer.bind([out], [proxy])

@@ -132,7 +132,8 @@ def enter_torch_region() -> tuple[Any, bool]:
     Like the ``ops`` mirror above, it is touched only through ``sys.modules``: when torch's module
     is not loaded, nobody can be reading the flag, and we do nothing.
     """
-    module = sys.modules.get(_TORCH_MODULE)
+    # Any: a module global that only some torch releases declare is written below.
+    module: Any = sys.modules.get(_TORCH_MODULE)
     if module is None:
         return None, False
     prior = bool(getattr(module, "in_compiled_autograd_region", False))

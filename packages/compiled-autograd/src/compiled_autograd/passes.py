@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import fx
@@ -32,6 +32,20 @@ PLACEHOLDERS = ("inputs", "sizes", "scalars", "hooks", "packed_data")
 
 def _nodes_in(args: Iterable[object]) -> list[fx.Node]:
     return [a for a in args if isinstance(a, fx.Node)]
+
+
+def _node_arg(node: fx.Node, index: int) -> fx.Node:
+    """``node.args[index]`` where the capture always puts a node (a hook, a gradient, ...)."""
+    arg = node.args[index]
+    assert isinstance(arg, fx.Node), f"{node.format_node()}: args[{index}] is not a node"
+    return arg
+
+
+def _sequence_arg(node: fx.Node, index: int) -> Sequence[fx.node.Argument]:
+    """``node.args[index]`` where the capture always puts a list or tuple (of gradients)."""
+    arg = node.args[index]
+    assert isinstance(arg, (list, tuple)), f"{node.format_node()}: args[{index}] is no sequence"
+    return arg
 
 
 def _hooks_of(graph: fx.Graph, hook_type: str) -> list[fx.Node]:
@@ -64,7 +78,7 @@ def delay_unpack_hooks(graph: fx.Graph) -> None:
 def reorder_tensor_pre_hooks(graph: fx.Graph) -> None:
     """Each tensor pre-hook runs right after the gradient it transforms is produced."""
     for node in _hooks_of(graph, "tensor_pre_hook"):
-        hook_getitem, grad = node.args[0], node.args[1]
+        hook_getitem, grad = _node_arg(node, 0), node.args[1]
         if isinstance(grad, fx.Node) and grad is not node.prev and not _is_unpacked_input(grad):
             grad.append(hook_getitem)
             hook_getitem.append(node)
@@ -76,12 +90,12 @@ def schedule_pre_hooks_early(graph: fx.Graph) -> None:
     :func:`reorder_pre_hooks_like_eager` later puts each one just before its node again.
     """
     for node in _hooks_of(graph, "pre_hook"):
-        hook_getitem = node.args[0]
+        hook_getitem = _node_arg(node, 0)
         producers: list[fx.Node] = []
         unpackers: list[fx.Node] = []
-        for grad in _nodes_in(node.args[1]):
+        for grad in _nodes_in(_sequence_arg(node, 1)):
             if grad.op == "call_function" and grad.target is operator.getitem:
-                producers.append(grad.args[0])
+                producers.append(_node_arg(grad, 0))
                 unpackers.append(grad)
             else:
                 producers.append(grad)
@@ -116,7 +130,7 @@ def reorder_pre_hooks_like_eager(graph: fx.Graph) -> None:
         users = list(node.users)
         if not users:
             continue
-        hook_getitem = node.args[0]
+        hook_getitem = _node_arg(node, 0)
         registered = min(user for unpack in users for user in unpack.users)
         if registered is node.next:
             continue
@@ -129,7 +143,7 @@ def reorder_pre_hooks_like_eager(graph: fx.Graph) -> None:
 def reorder_post_acc_grad_hooks(graph: fx.Graph) -> None:
     """Each post-accumulate-grad hook runs right after its parameter's accumulate-grad."""
     for node in reversed(_hooks_of(graph, "post_acc_grad_hook")):
-        hook_getitem, param = node.args[0], node.args[1]
+        hook_getitem, param = _node_arg(node, 0), _node_arg(node, 1)
         accumulate = next((u for u in param.users
                            if u.op == "call_function" and u.target is call_accumulate_grad),
                           None)
@@ -142,7 +156,8 @@ def reorder_post_acc_grad_hooks(graph: fx.Graph) -> None:
 def reorder_post_hooks(graph: fx.Graph) -> None:
     """Node post-hooks whose outputs nobody consumes run right after their inputs' last use."""
     for node in reversed(_hooks_of(graph, "post_hook")):
-        hook_getitem, outputs, inputs = node.args[0], node.args[1], node.args[2]
+        hook_getitem = _node_arg(node, 0)
+        outputs, inputs = _sequence_arg(node, 1), _sequence_arg(node, 2)
         if len(outputs) > 0:
             continue
         candidates: list[fx.Node] = list(_nodes_in(inputs))
@@ -154,7 +169,7 @@ def reorder_post_hooks(graph: fx.Graph) -> None:
             continue
         last = max(candidates)
         if last.op == "call_function" and last.target is call_accumulate_grad:
-            after_hooks = [u for u in last.args[0].users if u.target is call_hook
+            after_hooks = [u for u in _node_arg(last, 0).users if u.target is call_hook
                            and u.kwargs.get("hook_type") == "post_acc_grad_hook"]
             if after_hooks:
                 after_hooks[-1].append(hook_getitem)

@@ -200,7 +200,8 @@ def aot_backward_prologue(compiled_function: Any) -> Callable[..., Any]:
 
     def prologue(saved: Sequence[Any], symints: Sequence[Any], opaque: Sequence[Any],
                  grads: Sequence[Any]) -> Any:
-        return runtime_wrappers._backward_prologue_functional(
+        # torch 2.11 and 2.12 only: the type-checked (locked) torch no longer has it.
+        return runtime_wrappers._backward_prologue_functional(  # type: ignore[attr-defined]
             saved, symints, opaque, metadata, subclass_metadata, *grads)
 
     return prologue
@@ -223,7 +224,8 @@ def aot_backward_epilogue(compiled_function: Any) -> Callable[..., Any]:
     subclass_metadata = compiled_function.maybe_subclass_metadata
 
     def legacy_epilogue(outputs: Any, make_subclass_override: Any = None) -> Any:
-        return runtime_wrappers._backward_epilogue_functional(
+        # torch 2.11 and 2.12 only: the type-checked (locked) torch no longer has it.
+        return runtime_wrappers._backward_epilogue_functional(  # type: ignore[attr-defined]
             metadata, subclass_metadata, outputs, make_subclass_override=make_subclass_override)
 
     return legacy_epilogue

@@ -33,6 +33,13 @@ from compiled_autograd.graph_ops import unwrap_maybe_dynamic_int
 from compiled_autograd.passes import PLACEHOLDERS
 
 
+def proxy_item(proxy: torch.fx.Proxy, index: int) -> torch.fx.Proxy:
+    """``proxy[index]``: records an ``operator.getitem`` node."""
+    # torch.fx.Proxy gets __getitem__ at import time (a setattr loop over fx's magic methods),
+    # so torch's annotations do not declare it.
+    return proxy[index]  # type: ignore[index]
+
+
 def placeholder_tensor() -> torch.Tensor:
     """A stand-in result whose real shape only the run-time graph knows."""
     with disable_proxy_modes_tracing():
@@ -106,7 +113,7 @@ class BackwardTracer:
             value, GetItemSource(LocalSource("sizes"), index), DimDynamic.DYNAMIC)
             for index, value in enumerate(sizes)]
         size_proxies = [self.fx_tracer.create_proxy(
-            "call_function", unwrap_maybe_dynamic_int, (sizes_proxy[i],), {})
+            "call_function", unwrap_maybe_dynamic_int, (proxy_item(sizes_proxy, i),), {})
             for i in range(len(sizes))]
         for symint, proxy in zip(sym_sizes, size_proxies):
             if isinstance(symint, torch.SymInt):
@@ -131,7 +138,7 @@ class BackwardTracer:
         self.bind(scalars, self.scalars_proxy)
         for index, symbolic in enumerate(scalars):
             if isinstance(symbolic, (torch.SymInt, torch.SymFloat)):
-                self.symnode_proxies[symbolic.node] = self.scalars_proxy[index]
+                self.symnode_proxies[symbolic.node] = proxy_item(self.scalars_proxy, index)
 
     # ---- binding values to graph nodes -----------------------------------------------------
 
@@ -146,12 +153,16 @@ class BackwardTracer:
             return self.symnode_proxies[value.node]
         if not isinstance(value, torch.Tensor):
             return value  # constants: dtype, device, str, int
-        return fetch_object_proxy(self.fx_tracer, value).proxy
+        tracked = fetch_object_proxy(self.fx_tracer, value)
+        if isinstance(tracked, torch.Tensor):  # what fetch_object_proxy returns when untracked
+            raise RuntimeError(f"a {type(value).__name__} reached the capture that no node of "
+                               "the backward graph computes")
+        return tracked.proxy
 
     def bind(self, objects: Sequence[Any], proxies: Any) -> Any:
         """Make each of ``objects`` stand for the matching proxy from now on."""
         if isinstance(proxies, torch.fx.Proxy):
-            proxies = [proxies[i] for i in range(len(objects))]
+            proxies = [proxy_item(proxies, i) for i in range(len(objects))]
         if len(objects) != len(proxies):
             raise RuntimeError(f"binding {len(objects)} values to {len(proxies)} graph nodes")
         track_tensor_tree(objects, proxies, constant=None, tracer=self.fx_tracer)
@@ -161,7 +172,7 @@ class BackwardTracer:
         """``hooks[index]``: the graph input carrying a hook, a ctx or a backward state."""
         if self.hooks_proxy is None:
             raise RuntimeError("the engine called a hook method before begin_capture")
-        return self.hooks_proxy[index]
+        return proxy_item(self.hooks_proxy, index)
 
     # ---- recording calls -------------------------------------------------------------------
 
@@ -176,7 +187,7 @@ class BackwardTracer:
         stand-ins bound to its outputs."""
         proxy_out = self.record(fn, pytree.tree_map(self.to_proxy, args))
         result = [placeholder_tensor() for _ in output_metadata]
-        self.bind(result, [proxy_out[i] for i in range(len(result))])
+        self.bind(result, [proxy_item(proxy_out, i) for i in range(len(result))])
         return result
 
     def record_output(self, outputs: Any) -> torch.fx.Graph:
