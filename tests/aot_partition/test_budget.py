@@ -136,6 +136,24 @@ def test_unknown_solver_and_estimator_list_valid_ones(capture):
         BudgetSearch.prepare(module.graph, info, solver="dp", estimator="guess")
 
 
+def test_solver_and_estimator_names_have_one_source():
+    """The budget solvers are the knapsack solvers plus the graph-aware two; the flag
+    declarations in aot_config and aot_pipeline's option list name the same ones."""
+    from aot_config import functorch as flags
+    from aot_partition.estimators import RUNTIME_ESTIMATORS
+    from aot_partition.knapsack import KNAPSACK_SOLVERS
+    from aot_partition.mincut import available_solver_names
+    from aot_pipeline import SOLVERS as PIPELINE_SOLVERS
+
+    assert set(BUDGET_SOLVERS) == {*KNAPSACK_SOLVERS, "dp_graph", "ilp_graph"}
+    declared = flags.flags()
+    assert set(declared["activation_memory_budget_solver"].choices) == set(BUDGET_SOLVERS)
+    assert set(PIPELINE_SOLVERS) == set(BUDGET_SOLVERS)
+    assert set(declared["activation_memory_budget_runtime_estimator"].choices) == set(
+        RUNTIME_ESTIMATORS)
+    assert set(declared["min_cut_solver"].choices) == set(available_solver_names())
+
+
 def test_testing_estimator_changes_nothing_at_full_budget(capture):
     joint = joint_of("gpt", capture)
     with functorch_config.patch(activation_memory_budget_runtime_estimator="testing"):
@@ -183,7 +201,8 @@ def test_only_batch_norm_reading_running_stats_is_kept_in_forward(capture):
 
     case = make_case("convnet")
     joint = capture(case.module, *case.inputs)
-    module = save_readers_of_mutated_inputs(joint.module)
+    module = joint.module
+    assert save_readers_of_mutated_inputs(module.graph)
     tagged = {n.name for n in module.graph.nodes
               if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE}
     # Both forward batch norms (their running stats are written back) and the increments of

@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 from aot_config import functorch as functorch_config
-from aot_partition import MinCutOptions, classify, default_op_types
+from aot_partition import MinCutOptions, classify, default_op_types, explain_partition
 from aot_partition import policy as P
+from aot_partition.classify import FAR_FROM_BACKWARD
 from aot_partition.partitioners import min_cut_rematerialization_partition
 from torch.utils.checkpoint import CheckpointPolicy
 from zoo import assert_matches_eager, make_case
@@ -77,48 +78,63 @@ def test_max_dist_from_bw(capture):
     assert P.too_far_from_backward(sin, _context(joint)) is None
 
 
-def _record_bans():
-    bans: dict[str, str] = {}
-
-    def ban(node, reason):
-        bans[node.name] = reason
-        return True
-    return bans, ban
-
-
-def test_used_far_apart(capture):
-    def fn(x, w):
-        a = x.sin()
-        b = (a @ w).relu() * 2
-        return a.cos() + b
-
-    joint = capture(fn, _x(4, 4), _x(4, 4))
-    bans, ban = _record_bans()
-    P.ban_used_far_apart(_context(joint), set(), ban)
-    cos, sin = _node(joint, aten.cos), _node(joint, aten.sin)
-    assert bans == {cos.name: f"used far apart: {sin.name} is used before and after an "
-                               "unfusible op"}
-    bans.clear()
-    P.ban_used_far_apart(_context(joint, replace(ALL_ON, ban_if_used_far_apart=False)), set(),
-                         ban)
-    assert bans == {}
-
-
-def test_long_fusible_chains(capture):
+def _chain(length):
+    """x + 1 repeated: add i is ``length - i`` hops from the backward (only the last add is
+    read by it, through sin's derivative)."""
     def fn(x):
-        for _ in range(110):
+        for _ in range(length):
             x = x + 1.0
         return x.sin()
+    return fn
 
-    joint = capture(fn, _x(4))
-    bans, ban = _record_bans()
-    P.ban_long_fusible_chains(_context(joint), set(), ban)
-    first_add = _node(joint, aten.add)
-    assert list(bans.values()) == [f"long fusible chain: 101 fusible ops from {first_add.name}"]
-    bans.clear()
-    P.ban_long_fusible_chains(_context(joint, replace(ALL_ON, ban_if_long_fusible_chains=False)),
-                              set(), ban)
-    assert bans == {}
+
+def _far_reasons(report):
+    return {name: why for name, why in report.banned.items()
+            if why.startswith("too far from backward")}
+
+
+def test_too_far_from_backward_fires_beyond_max_dist_from_bw(capture):
+    joint = capture(_chain(30), _x(4))
+    adds = [n for n in joint.module.graph.nodes if n.target is aten.add.Tensor]
+    ctx = _context(joint, max_dist_from_bw=10)
+    dist = ctx.node_info.dist_from_bw
+    assert [dist[n] for n in adds] == list(range(30, 0, -1))
+    far = [n for n in adds if dist[n] > 10]
+    for node in far:
+        assert P.too_far_from_backward(node, ctx) == (
+            f"too far from backward: {dist[node]} ops > max_dist_from_bw=10")
+        assert P.ban_reason(node, ctx) == P.too_far_from_backward(node, ctx)
+    assert P.too_far_from_backward(adds[-10], ctx) is None  # exactly 10 hops: allowed
+    # Through the flag, as the partitioner reads it.
+    with functorch_config.patch(max_dist_from_bw=10):
+        report = explain_partition(joint.module, joint.inputs,
+                                   num_fwd_outputs=joint.num_fwd_outputs)
+    assert _far_reasons(report) == {n.name: P.too_far_from_backward(n, ctx) for n in far}
+    # torch's check (`max_dist_from_bw < dist < 1000`) can never fire from 999 up; here the
+    # flag means what it says at any value.
+    far_info = replace(ctx.node_info, dist_from_bw={**dist, adds[0]: 5000})
+    for limit in (1000, 2000):
+        far_ctx = P.PolicyContext(default_op_types(), far_info, ALL_ON, False, limit)
+        assert P.too_far_from_backward(adds[0], far_ctx) == (
+            f"too far from backward: 5000 ops > max_dist_from_bw={limit}")
+
+
+def test_too_far_from_backward_spares_close_nodes_and_the_default(capture):
+    joint = capture(_chain(30), _x(4))
+    adds = [n for n in joint.module.graph.nodes if n.target is aten.add.Tensor]
+    sin = _node(joint, aten.sin)
+    # The default (1000 hops) bans nothing in a graph where every node is closer.
+    ctx = _context(joint)
+    assert ctx.max_dist_from_bw == P.PolicyContext.create(
+        default_op_types(), ctx.node_info, ALL_ON).max_dist_from_bw == 1000
+    assert all(P.too_far_from_backward(n, ctx) is None for n in joint.module.graph.nodes)
+    report = explain_partition(joint.module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
+    assert _far_reasons(report) == {}
+    # A close node is spared under a tight limit.
+    assert P.too_far_from_backward(adds[-1], _context(joint, max_dist_from_bw=1)) is None
+    # A node that never reaches the backward is never "too far": nothing would recompute it.
+    assert ctx.node_info.dist_from_bw[sin] == FAR_FROM_BACKWARD
+    assert P.too_far_from_backward(sin, _context(joint, max_dist_from_bw=0)) is None
 
 
 def test_annotations_and_exemptions(capture):

@@ -1,4 +1,7 @@
-"""Passes around partitioning (CSE, DCE, backward reordering) and node classification."""
+"""Passes around partitioning (CSE, DCE, backward reordering) and node classification.
+
+Every pass takes a graph and returns whether it changed it; the module is recompiled after.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,14 @@ import pytest
 import torch
 import torch.fx as fx
 from aot_partition import classify, min_cut_rematerialization_partition
-from aot_partition.classify import FAR_FROM_BACKWARD, is_tangent
+from aot_partition.classify import FAR_FROM_BACKWARD
+from aot_partition.joint import is_tangent
 from aot_partition.passes import (
     eliminate_common_subexpressions,
     eliminate_dead_code,
+    merge_common_subexpressions,
     reorder_backward,
 )
-from aot_partition.passes.cse import merge_common_subexpressions
 from torch.utils.checkpoint import CheckpointPolicy
 
 aten = torch.ops.aten
@@ -30,8 +34,10 @@ def test_cse_merges_equal_pure_ops(capture):
     joint = capture(lambda x: x.sin() * x.sin(), _x(4))
     module = joint.fresh()
     assert _count(module, aten.sin) >= 2
-    eliminate_common_subexpressions(module)
+    assert eliminate_common_subexpressions(module.graph)
+    module.recompile()
     assert _count(module, aten.sin) == 1
+    assert not eliminate_common_subexpressions(module.graph)  # nothing left to merge
     x = torch.randn(4)
     tangent = torch.ones(4)
     torch.testing.assert_close(module(x, tangent)[0], joint.module(x, tangent)[0])
@@ -42,14 +48,14 @@ def test_cse_keeps_random_ops_and_different_annotations(capture):
                     + torch.nn.functional.dropout(x, 0.5), _x(8))
     module = joint.fresh()
     before = _count(module, aten.native_dropout)
-    eliminate_common_subexpressions(module)
+    eliminate_common_subexpressions(module.graph)
     assert before == 2 and _count(module, aten.native_dropout) == 2
 
     joint = capture(lambda x: x.sin() * x.sin(), _x(4))
     module = joint.fresh()
     first_sin = next(n for n in module.graph.nodes if n.target is aten.sin.default)
     first_sin.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-    eliminate_common_subexpressions(module)
+    eliminate_common_subexpressions(module.graph)
     assert _count(module, aten.sin) >= 2
 
 
@@ -116,8 +122,10 @@ def test_dce_drops_unused_nodes(capture):
     with module.graph.inserting_after(placeholder):
         module.graph.call_function(aten.cos.default, (placeholder,))
     assert _count(module, aten.cos) == 2  # backward of sin uses cos too
-    eliminate_dead_code(module)
+    assert eliminate_dead_code(module.graph)
+    module.recompile()
     assert _count(module, aten.cos) == 1
+    assert not eliminate_dead_code(module.graph)
 
 
 def test_reorder_backward_brings_recomputation_next_to_its_use():
@@ -128,16 +136,19 @@ def test_reorder_backward_brings_recomputation_next_to_its_use():
         return grad * recomputed_b
 
     module = fx.symbolic_trace(backward)
-    reordered = reorder_backward(module)
-    order = [n.name for n in reordered.graph.nodes if n.op == "call_function"]
+    assert reorder_backward(module.graph)
+    module.recompile()
+    order = [n.name for n in module.graph.nodes if n.op == "call_function"]
     assert order == ["sin", "mul", "cos", "mul_1"]
     saved, tangent = torch.randn(3), torch.randn(3)
-    torch.testing.assert_close(reordered(saved, tangent), backward(saved, tangent))
+    torch.testing.assert_close(module(saved, tangent), backward(saved, tangent))
 
 
 def test_reorder_backward_without_tangent_users_is_identity():
     module = fx.symbolic_trace(lambda saved, tangents_1: torch.sin(saved))
-    assert reorder_backward(module) is module
+    before = [n.name for n in module.graph.nodes]
+    assert not reorder_backward(module.graph)
+    assert [n.name for n in module.graph.nodes] == before
 
 
 def test_classify_zones_order_and_distances(capture):

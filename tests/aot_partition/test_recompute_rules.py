@@ -12,9 +12,10 @@ from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
 from aot_partition.budget import BudgetSearch
 from aot_partition.classify import classify
-from aot_partition.partitioners import partition_with_report, prepared_joint
+from aot_partition.partitioners import partition_with_report
 from aot_partition.passes.rng import rng_state_nbytes
 from aot_partition.policy import never_recompute
+from aot_partition.prepare import prepared_joint
 from aot_partition.sizes import saved_activation_bytes
 from functorch.compile import make_boxed_func
 from torch import nn

@@ -1,14 +1,15 @@
 """aot_partition: forward/backward partitioners for AOTAutograd joint graphs.
 
 ``default_partition`` and ``min_cut_rematerialization_partition`` have torch's partition_fn
-signature. Flags come from ``aot_config.functorch``.
+signature. Flags come from ``aot_config.functorch``. The optional extras (pydot for
+``draw_graph``, matplotlib for Pareto plots) are imported only when a picture is drawn.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from . import knapsack
 from .classify import NodeInfo, OpTypes, classify, default_op_types
+from .draw import draw_graph
 from .errors import (
     GraphCycleError,
     InfeasibleMinCutError,
@@ -16,9 +17,14 @@ from .errors import (
     PartitionError,
 )
 from .mincut import FlowNetwork, MinCut, get_solver
-from .partitioners import default_partition, min_cut_rematerialization_partition
+from .pareto import memory_budget_pareto
+from .partitioners import (
+    default_partition,
+    explain_partition,
+    min_cut_rematerialization_partition,
+)
 from .policy import MinCutOptions
-from .report import NodeDecision, PartitionReport, explain_partition
+from .report import NodeDecision, PartitionReport
 from .sizes import node_nbytes, saved_activation_bytes
 from .solve import solve_min_cut
 
@@ -47,23 +53,3 @@ __all__ = [
     "saved_activation_bytes",
     "solve_min_cut",
 ]
-
-# Optional pieces (they may need extras such as pydot or matplotlib): imported on first use,
-# so a missing extra never breaks ``import aot_partition``.
-_LAZY = {
-    "knapsack": ("aot_partition.knapsack", None),
-    "draw_graph": ("aot_partition.draw", "draw_graph"),
-    "memory_budget_pareto": ("aot_partition.pareto", "memory_budget_pareto"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'aot_partition' has no attribute {name!r}")
-    import importlib
-
-    module_name, attr = _LAZY[name]
-    module = importlib.import_module(module_name)
-    value = module if attr is None else getattr(module, attr)
-    globals()[name] = value
-    return value

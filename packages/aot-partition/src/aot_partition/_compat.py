@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.experimental import symbolic_shapes
 
-# torch 2.13 renamed ``hint_int`` to ``optimization_hint``; 2.11 has only the old name.
-_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
-
-
-def int_hint(value: int | torch.SymInt, fallback: int = 4096) -> int:
-    """A concrete integer for a possibly symbolic size, without adding guards."""
-    return int(_hint(value, fallback=fallback))
+# torch 2.13 renamed ``hint_int`` to ``optimization_hint``; 2.11 has only the old name. Both
+# take ``(value, fallback=...)`` and return a concrete int without adding guards. The one
+# caller is ``sizes.size_hint``, which picks the fallback.
+optimization_hint: Callable[..., int] = next(
+    getattr(symbolic_shapes, name) for name in ("optimization_hint", "hint_int")
+    if hasattr(symbolic_shapes, name))
 
 
 def saved_output_descs(num_saved: int) -> list[Any] | None:

@@ -1,36 +1,43 @@
 """The activation-memory budget: save at most ``budget`` of the runtime-optimal activations.
 
 The budget is a fraction between the inputs-only cut (0.0: save nothing but the inputs) and the
-runtime-optimal min cut (1.0). The search follows seed 004's ``choose_saved_values_set``:
+runtime-optimal min cut (1.0). The search follows torch's ``choose_saved_values_set``:
 
 1. the runtime-optimal cut; done if the budget is 1.0;
-2. a cut with the distance/fusion/materialization bans lifted; done if it fits;
+2. a cut with the used-far-apart, long-fusible-chain and materialization bans lifted (the
+   ``max_dist_from_bw`` ban stays, as in torch); done if it fits;
 3. a cut with the allowlist ban lifted too (fully aggressive); done if it fits;
 4. otherwise a knapsack over the nodes that stayed banned: those the solver chooses to keep
    saved stay banned, the rest are released, and a final cut is taken.
 
-The knapsack solver is the flag ``activation_memory_budget_solver``: "greedy", "dp", "ilp"
-(see knapsack.py), "dp_graph" (the DP, then a check that accounts for what recomputing needs;
-see graph_aware_knapsack) or "ilp_graph" (the whole save-or-recompute problem as one MILP, with
-no more saved bytes than the "dp" answer; see ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``.
+The solver is the flag ``activation_memory_budget_solver`` (``BUDGET_SOLVERS``, the one list of
+the names): a knapsack solver of knapsack.py, "dp_graph" (the DP, then a check that accounts
+for what recomputing needs; see graph_aware_knapsack) or "ilp_graph" (the whole
+save-or-recompute problem as one MILP, with no more saved bytes than the "dp" answer; see
+ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``.
+``validate_memory_budget`` is the one check of a budget value.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .classify import NodeInfo, is_bwd_seed_offset, is_random, is_tangent
-from .estimators import RUNTIME_ESTIMATORS, estimate_runtime
+from .classify import FAR_FROM_BACKWARD, NodeInfo
+from .estimators import check_estimator, estimate_runtime
 from .extract import used_backward_inputs
 from .flags import read_flag
-from .knapsack import KnapsackResult, dp_knapsack, greedy_knapsack, ilp_knapsack
+from .ilp_graph import SaveOrRecompute, solve_save_or_recompute
+from .joint import is_bwd_seed_offset, is_random, is_tangent
+from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
+from .network import NetworkMemo
 from .passes.rng import device_of, rng_state_nbytes
 from .policy import MinCutOptions, never_recompute
 from .sizes import node_nbytes
@@ -45,17 +52,16 @@ __all__ = [
     "validate_memory_budget",
 ]
 
-BUDGET_SOLVERS = ("dp", "dp_graph", "greedy", "ilp", "ilp_graph")
+# Budget solvers that look at the graph, not only at the knapsack items.
+GRAPH_AWARE_SOLVERS = ("dp_graph", "ilp_graph")
+# Every valid ``activation_memory_budget_solver``: the knapsack solvers and the two above.
+BUDGET_SOLVERS = tuple(sorted((*KNAPSACK_SOLVERS, *GRAPH_AWARE_SOLVERS)))
 # Extra min-cut solves the "dp_graph" solver may spend repairing an over-budget answer.
 DP_GRAPH_MAX_REPAIRS = 12
-_KNAPSACKS: dict[str, Callable[..., KnapsackResult]] = {
-    "dp": dp_knapsack,
-    "greedy": greedy_knapsack,
-    "ilp": ilp_knapsack,
-}
 
 
 def validate_memory_budget(memory_budget: float) -> float:
+    """``memory_budget`` as a float; ValueError unless it is a number in [0, 1]."""
     if not isinstance(memory_budget, (int, float)) or not 0 <= memory_budget <= 1:
         raise ValueError(f"activation memory budget must be between 0 and 1 (0 = save only the "
                          f"inputs, 1 = runtime-optimal); got {memory_budget!r}")
@@ -117,6 +123,8 @@ class BudgetSearch:
     estimator: str
     options: MinCutOptions
     runtime_optimal: list[fx.Node]
+    # Per-node network results shared by every cut of this search (see network.NetworkMemo).
+    memo: NetworkMemo = field(default_factory=NetworkMemo, repr=False)
     min_bytes: int = 0
     max_bytes: int = 0
     # Filled in by the escalation steps (empty when an earlier step already fits).
@@ -134,7 +142,8 @@ class BudgetSearch:
     def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
               ) -> tuple[list[fx.Node], list[fx.Node]]:
         """``solve_min_cut`` that remembers the cut's solution (its bans and their reasons)."""
-        solution = solve_min_cut_detailed(self.joint_graph, self.node_info, options, dont_ban)
+        solution = solve_min_cut_detailed(self.joint_graph, self.node_info, options, dont_ban,
+                                          memo=self.memo)
         self.solutions[frozenset(solution.saved_values)] = solution
         return solution.saved_values, list(solution.banned)
 
@@ -146,12 +155,7 @@ class BudgetSearch:
     def prepare(cls, joint_graph: fx.Graph, node_info: NodeInfo, *, solver: str | None = None,
                 estimator: str | None = None) -> BudgetSearch:
         solver = _budget_solver(solver)
-        if estimator is None:
-            estimator = str(read_flag("activation_memory_budget_runtime_estimator"))
-        if estimator not in RUNTIME_ESTIMATORS:
-            raise ValueError(f"Unknown runtime estimator {estimator!r}; valid: "
-                             f"{', '.join(RUNTIME_ESTIMATORS)} "
-                             "(flag activation_memory_budget_runtime_estimator)")
+        estimator = check_estimator(estimator)
         options = MinCutOptions.from_flags()
         search = cls(joint_graph, node_info, solver, estimator, options, [])
         search.runtime_optimal, _ = search.solve(options)
@@ -186,7 +190,7 @@ class BudgetSearch:
         input_storages = {_storage_key(n) for n in self.node_info.inputs}
         dist = self.node_info.dist_from_bw
         recomputable = [n for n in banned
-                        if dist.get(n, math.inf) < int(1e9)
+                        if dist.get(n, math.inf) < FAR_FROM_BACKWARD
                         and _storage_key(n) not in input_storages]
         self.must_save = [n for n in recomputable if never_recompute(n) is not None]
         must_save = set(self.must_save)
@@ -206,7 +210,7 @@ class BudgetSearch:
         solver = solver or self.solver
         if solver == "dp_graph":
             return graph_aware_knapsack(self, memory_budget)
-        return _KNAPSACKS[solver](self.memories, self.runtimes, max(memory_budget, 0.0))
+        return get_knapsack_solver(solver)(self.memories, self.runtimes, max(memory_budget, 0.0))
 
     def _all_runtimes(self) -> list[float]:
         self._escalate()
@@ -224,8 +228,6 @@ class BudgetSearch:
             return list(self.runtime_optimal), 0.0
         self._escalate()
         if self.solver == "ilp_graph":
-            from .ilp_graph import ilp_graph_saved_values
-
             # The MILP may save no more than the "dp" answer does, so it never loses to it on
             # memory and only spends what it saves in recompute.
             reference, reference_runtime = self._escalation_or_knapsack(memory_budget, "dp")
@@ -259,8 +261,7 @@ class BudgetSearch:
         kept_runtime, _, recompute_idx = self.knapsack(memory_budget, solver)
         dont_ban = {self.candidates[i] for i in recompute_idx}
         assert self.aggressive_options is not None
-        saved, _ = self.solve(self.aggressive_options,
-                                 dont_ban)
+        saved, _ = self.solve(self.aggressive_options, dont_ban)
         return saved, float(sum(self.runtimes)) - kept_runtime
 
 
@@ -288,23 +289,52 @@ def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> Knapsack
     return runtime, kept, sorted(released)
 
 
+def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
+                           max_bytes: float | None = None) -> tuple[list[fx.Node], float] | None:
+    """The "ilp_graph" answer: (saved values in graph order, estimated recompute runtime).
+
+    Describes the forward graph as arrays for ``ilp_graph.solve_save_or_recompute`` and reads
+    its answer back. ``max_bytes`` caps the saved bytes further (the "dp" answer's). None when
+    HiGHS finds no feasible answer in time.
+    """
+    info = search.node_info
+    inputs = set(info.inputs)
+    forward = [n for n in info.required_fw_nodes if n not in inputs and n.op != "placeholder"]
+    graph_inputs = list(info.inputs)
+    index = {node: i for i, node in enumerate(forward)}
+    n = len(forward)
+    index.update((node, n + k) for k, node in enumerate(graph_inputs))
+    still_banned = set(search.aggressive_banned) - set(search.candidates)
+
+    def read_by_backward(node: fx.Node) -> bool:
+        return any(user not in info.required_fw and user.op != "output" for user in node.users)
+
+    capacity = search.min_bytes + max(memory_budget, 0.0) * (search.max_bytes - search.min_bytes)
+    if max_bytes is not None:
+        capacity = min(capacity, max_bytes)
+    problem = SaveOrRecompute(
+        sizes=np.array([node_nbytes(node) for node in forward + graph_inputs], dtype=np.float64),
+        runtimes=np.array([estimate_runtime(node, search.estimator) for node in forward],
+                          dtype=np.float64),
+        read_by_backward=np.array([read_by_backward(node) for node in forward + graph_inputs],
+                                  dtype=bool),
+        recomputable=np.array([node not in still_banned for node in forward], dtype=bool),
+        reads=[[index[arg] for arg in node.all_input_nodes if arg in index] for node in forward],
+        capacity=capacity,
+        estimator=search.estimator,
+    )
+    answer = solve_save_or_recompute(problem)
+    if answer is None:
+        log.info("ilp_graph: no answer at budget %.3f; using the dp answer", memory_budget)
+        return None
+    chosen = {forward[v] for v in np.flatnonzero(answer.save).tolist()}
+    chosen |= {graph_inputs[k] for k in np.flatnonzero(answer.keep).tolist()}
+    order = {node: i for i, node in enumerate(search.joint_graph.nodes)}
+    return sorted(chosen, key=order.__getitem__), answer.runtime
+
+
 def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
                             memory_budget: float) -> list[fx.Node]:
     """The values to save under ``memory_budget`` (0.0 to 1.0; see module doc)."""
-    return choose_saved_values_with_solution(joint_graph, node_info, memory_budget)[0]
-
-
-def choose_saved_values_with_solution(
-    joint_graph: fx.Graph, node_info: NodeInfo, memory_budget: float,
-) -> tuple[list[fx.Node], MinCutSolution | None, str]:
-    """(saved values, the min-cut solution that chose them or None, the budget solver name)."""
     memory_budget = validate_memory_budget(memory_budget)
-    search = BudgetSearch.prepare(joint_graph, node_info)
-    saved, runtime = search.saved_values(memory_budget)
-    if read_flag("visualize_memory_budget_pareto"):
-        from .pareto import sweep, write_pareto_png
-
-        write_pareto_png(sweep(search), search.solver)
-    log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
-             memory_budget, search.solver, search.memory_ratio(saved), runtime)
-    return saved, search.solution_for(saved), search.solver
+    return BudgetSearch.prepare(joint_graph, node_info).saved_values(memory_budget)[0]

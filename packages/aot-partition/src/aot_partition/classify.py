@@ -1,7 +1,8 @@
 """Classify joint-graph nodes: required forward/backward, unclaimed, inputs, order, distances.
 
 Also the operator categories (fusible, compute-intensive, random, view, recomputable) with
-their default lists. Everything here is computed once per partition and then only read.
+their default lists. Everything here is computed once per partition and then only read; the
+joint graph's conventions (which placeholder is what, outputs, order) are in ``joint.py``.
 """
 
 from __future__ import annotations
@@ -14,88 +15,23 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
-from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.sym_node import magic_methods, method_to_operator
 
-from .errors import GraphCycleError
+from .joint import (
+    ancestors_within,
+    aten_packet,
+    computable_from,
+    forward_and_backward_outputs,
+    is_fwd_seed_offset,
+    is_primal,
+    is_tangent,
+)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
 # Distance given to nodes that never reach the backward (and to the output node).
 FAR_FROM_BACKWARD = int(1e9)
-
-
-# ---- placeholders of the AOTAutograd joint graph ---------------------------------------------
-
-def is_tangent(node: fx.Node) -> bool:
-    return node.op == "placeholder" and "tangents" in str(node.target)
-
-
-def is_bwd_seed_offset(node: fx.Node) -> bool:
-    if node.op != "placeholder":  # asked of every node: skip formatting op targets
-        return False
-    target = str(node.target)
-    return "bwd_seed" in target or "bwd_base_offset" in target
-
-
-def is_fwd_seed_offset(node: fx.Node) -> bool:
-    if node.op != "placeholder":
-        return False
-    target = str(node.target)
-    return "fwd_seed" in target or "fwd_base_offset" in target
-
-
-def is_backward_state(node: fx.Node) -> bool:
-    return node.op == "placeholder" and isinstance(node.meta.get("val"), BackwardState)
-
-
-def is_primal(node: fx.Node) -> bool:
-    return (
-        node.op == "placeholder"
-        and "tangents" not in str(node.target)
-        and not is_bwd_seed_offset(node)
-        and not is_fwd_seed_offset(node)
-    )
-
-
-_PACKETS: dict[Any, Any] = {}  # target -> packet: the policy asks tens of thousands of times
-
-
-def aten_packet(node: fx.Node) -> Any:
-    """The OpOverloadPacket of an aten op (``aten.add`` for ``aten.add.Tensor``), else target."""
-    target = node.target
-    try:
-        return _PACKETS[target]
-    except KeyError:
-        packet = _PACKETS[target] = getattr(target, "overloadpacket", target)
-        return packet
-    except TypeError:  # an unhashable target
-        return getattr(target, "overloadpacket", target)
-
-
-def is_random(node: fx.Node) -> bool:
-    tags = getattr(node.target, "tags", ())
-    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
-
-
-def forward_and_backward_outputs(
-    joint_module: fx.GraphModule, num_fwd_outputs: int
-) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
-    """(fw outputs, bw outputs, fw output descriptors, bw output descriptors)."""
-    output = next(iter(joint_module.graph.find_nodes(op="output")))
-    outputs = pytree.arg_tree_leaves(*output.args)
-    descs = pytree.arg_tree_leaves(output.meta.get("desc", [None] * len(outputs)))
-    if len(descs) != len(outputs):
-        descs = [None] * len(outputs)
-    if not 0 <= num_fwd_outputs <= len(outputs):
-        raise ValueError(
-            f"num_fwd_outputs={num_fwd_outputs} is out of range: the joint graph has "
-            f"{len(outputs)} outputs (forward outputs first, then gradients)"
-        )
-    return (outputs[:num_fwd_outputs], outputs[num_fwd_outputs:],
-            descs[:num_fwd_outputs], descs[num_fwd_outputs:])
 
 
 # ---- operator categories ---------------------------------------------------------------------
@@ -171,7 +107,7 @@ _COMPUTE_INTENSIVE_ATEN = (
 
 @functools.lru_cache(None)
 def default_op_types() -> OpTypes:
-    """The default operator categories (the inductor lists of seed 004, plus 2.13 additions)."""
+    """The default operator categories (torch's inductor lists, plus 2.13 additions)."""
     view_ops = _existing(aten, _VIEW_ATEN) + _existing(prims, ["broadcast_in_dim"])
     recomputable = (
         _existing(aten, _RECOMPUTABLE_ATEN)
@@ -206,90 +142,18 @@ class NodeInfo:
     dist_from_bw: dict[fx.Node, int]         # hops to the nearest non-forward user
     static_lifetime_inputs: set[fx.Node] = field(default_factory=set)
     bw_outputs: list[fx.Node] = field(default_factory=list)  # the gradients, in output order
-    # Per-node results of the network builder, kept across the solves of one partition
-    # (the memory-budget search builds the network several times); see network.py.
-    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @functools.cached_property
     def required_fw_nodes(self) -> list[fx.Node]:
         return sorted(self.required_fw, key=self.fw_order.__getitem__)
 
-    # Names as in seed 004, for callers that port torch code.
-    @property
-    def required_bw_nodes(self) -> set[fx.Node]:
-        return self.required_bw
-
-    @property
-    def unclaimed_nodes(self) -> set[fx.Node]:
-        return self.unclaimed
-
     def is_required_fw(self, node: fx.Node) -> bool:
         return node in self.required_fw
-
-    def is_required_bw(self, node: fx.Node) -> bool:
-        return node in self.required_bw
-
-    def is_unclaimed(self, node: fx.Node) -> bool:
-        return node in self.unclaimed
 
     def get_fw_order(self, node: fx.Node) -> int:
         if node not in self.fw_order:
             raise KeyError(f"node '{node.name}' is not a required forward node")
         return self.fw_order[node]
-
-
-def check_topological_order(graph: fx.Graph) -> None:
-    """Raise GraphCycleError naming the first node that reads a later one (and the cycle)."""
-    seen: set[fx.Node] = set()
-    for node in graph.nodes:
-        for arg in node.all_input_nodes:
-            if arg not in seen:
-                raise GraphCycleError(node.name, arg.name, _cycle_through(node, arg))
-        seen.add(node)
-
-
-def _cycle_through(node: fx.Node, arg: fx.Node) -> list[str] | None:
-    """Names along the cycle node -> ... -> arg -> node (``arg`` depends on ``node``), if any."""
-    parents: dict[fx.Node, fx.Node | None] = {node: None}
-    stack = [node]
-    while stack:  # walk users from node until arg
-        cur = stack.pop()
-        if cur is arg:
-            path = []
-            step: fx.Node | None = cur
-            while step is not None:
-                path.append(step.name)
-                step = parents[step]
-            return [*reversed(path), node.name]
-        for user in cur.users:
-            if user not in parents:
-                parents[user] = cur
-                stack.append(user)
-    return None
-
-
-def computable_from(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
-    """Nodes computable from ``inputs`` alone (placeholders outside ``inputs`` are not)."""
-    computable = set(inputs)
-    for node in graph.nodes:
-        if node in computable or node.op in ("placeholder", "output"):
-            continue
-        if all(arg in computable for arg in node.all_input_nodes):
-            computable.add(node)
-    return computable
-
-
-def ancestors_within(outputs: Iterable[Any], allowed: set[fx.Node]) -> set[fx.Node]:
-    """Nodes in ``allowed`` that ``outputs`` transitively depend on (outputs included)."""
-    seen: set[fx.Node] = set()
-    stack = [o for o in outputs if isinstance(o, fx.Node) and o in allowed]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.extend(a for a in node.all_input_nodes if a in allowed and a not in seen)
-    return seen
 
 
 def classify(
@@ -315,7 +179,7 @@ def classify(
     # Forward-computable inputs count as required forward even when no output uses them.
     required_fw.update(inputs)
     unclaimed = {n for n in nodes if n not in required_fw and n not in required_bw}
-    fw_order = {}
+    fw_order: dict[fx.Node, int] = {}
     for node in nodes:
         if node in required_fw:
             fw_order[node] = len(fw_order)

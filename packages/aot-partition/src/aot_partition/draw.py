@@ -7,16 +7,25 @@ import copy
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch.fx as fx
 
-if TYPE_CHECKING:
-    from .pareto import ParetoPoint
+from .flags import read_flag
 
 log = logging.getLogger(__name__)
 
-__all__ = ["draw_graph", "plot_pareto"]
+__all__ = ["ParetoLike", "draw_graph", "plot_pareto"]
+
+
+class ParetoLike(Protocol):
+    """What ``plot_pareto`` reads of a point (``pareto.ParetoPoint`` has it)."""
+
+    @property
+    def memory_ratio(self) -> float: ...
+
+    @property
+    def recompute_runtime(self) -> float: ...
 
 
 def _require(module: str, extra: str, what: str):
@@ -45,8 +54,6 @@ def draw_graph(graph_module: fx.GraphModule, file_name: str, figname: str = "fx_
             node.meta = {}
     base, ext = os.path.splitext(file_name)
     if not ext:
-        from .flags import read_flag
-
         try:
             ext = "." + str(read_flag("torch_compile_graph_format"))
         except (AttributeError, KeyError):
@@ -67,7 +74,7 @@ def draw_graph(graph_module: fx.GraphModule, file_name: str, figname: str = "fx_
     return path
 
 
-def plot_pareto(points_by_label: Mapping[str, Sequence[ParetoPoint]], path: str,
+def plot_pareto(points_by_label: Mapping[str, Sequence[ParetoLike]], path: str,
                 title: str = "Memory budget: saved activations vs. recompute") -> str:
     """One line per label: x = memory ratio (0 = inputs only, 1 = runtime-optimal),
     y = estimated recompute runtime. Writes ``path`` (PNG) and returns it."""

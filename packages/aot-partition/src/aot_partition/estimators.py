@@ -9,30 +9,51 @@ Estimators (the flag ``activation_memory_budget_runtime_estimator``):
 - ``"testing"``: 1 for every node.
 
 Estimates are cached by (estimator, op, argument signature), so the repeated blocks of a deep
-model are estimated once.
+model are estimated once. Symbolic sizes are read through ``sizes.size_hint``, as the byte
+model reads them.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from .flags import read_flag
+from .sizes import size_hint
+
 log = logging.getLogger(__name__)
 
-__all__ = ["RUNTIME_ESTIMATORS", "clear_runtime_cache", "count_flops", "estimate_runtime"]
+__all__ = [
+    "RUNTIME_ESTIMATORS",
+    "check_estimator",
+    "clear_runtime_cache",
+    "count_flops",
+    "estimate_runtime",
+]
 
 RUNTIME_ESTIMATORS = ("flops", "profile", "testing")
-# Unbacked or symbolic sizes without a hint are materialized with this size (as torch does).
-SYMBOLIC_SIZE_FALLBACK = 4096
 
 _cache: dict[tuple[Any, ...], float] = {}
+
+
+def check_estimator(name: str | None) -> str:
+    """``name``, or the flag ``activation_memory_budget_runtime_estimator`` when None; an
+    unknown name raises ValueError listing the valid ones."""
+    if name is None:
+        name = str(read_flag("activation_memory_budget_runtime_estimator"))
+    if name not in RUNTIME_ESTIMATORS:
+        raise ValueError(f"Unknown runtime estimator {name!r}; valid: "
+                         f"{', '.join(RUNTIME_ESTIMATORS)} "
+                         "(flag activation_memory_budget_runtime_estimator)")
+    return name
 
 
 def clear_runtime_cache() -> None:
@@ -40,26 +61,13 @@ def clear_runtime_cache() -> None:
     _cache.clear()
 
 
-def _hint(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    node = getattr(value, "node", None)
-    hint = getattr(node, "hint", None) if node is not None else None
-    if hint is not None:
-        return int(hint)
-    try:
-        return int(value)
-    except Exception:  # unbacked symbol: no concrete value to read
-        return SYMBOLIC_SIZE_FALLBACK
-
-
 def _signature(x: Any) -> Any:
     if isinstance(x, fx.Node):
         val = x.meta.get("val")
         if isinstance(val, torch.Tensor):
-            return ("T", tuple(_hint(s) for s in val.shape),
-                    tuple(_hint(s) for s in val.stride()), val.dtype, val.device.type)
-        return ("N", type(val).__name__, _hint(val) if isinstance(val, torch.SymInt) else None)
+            return ("T", tuple(size_hint(s) for s in val.shape),
+                    tuple(size_hint(s) for s in val.stride()), val.dtype, val.device.type)
+        return ("N", type(val).__name__, size_hint(val) if isinstance(val, torch.SymInt) else None)
     if isinstance(x, (list, tuple)):
         return (type(x).__name__, tuple(_signature(v) for v in x))
     if isinstance(x, dict):
@@ -73,13 +81,13 @@ def _materializer(device: str | None, fill: bool) -> Callable[[Any], Any]:
             return x
         val = x.meta.get("val")
         if isinstance(val, torch.Tensor):
-            shape = [_hint(s) for s in val.shape]
-            stride = [_hint(s) for s in val.stride()]
+            shape = [size_hint(s) for s in val.shape]
+            stride = [size_hint(s) for s in val.stride()]
             out = torch.empty_strided(shape, stride, dtype=val.dtype,
                                       device=device or val.device.type)
             return out.zero_() if fill else out
         if isinstance(val, torch.SymInt):
-            return _hint(val)
+            return size_hint(val)
         if isinstance(val, torch.SymFloat):
             return 1.0
         if isinstance(val, torch.SymBool):
@@ -107,9 +115,10 @@ def count_flops(node: fx.Node) -> float:
         return float(max(formula(*args, **kwargs, out_val=out), 1))
     except Exception:  # a formula that needs more than shapes: count by running on meta
         pass
+    op = cast(Callable[..., Any], node.target)
     try:
         with FlopCounterMode(display=False) as mode:
-            node.target(*args, **kwargs)
+            op(*args, **kwargs)
     except Exception as exc:  # an op without a meta kernel: its FLOPs are unknown, not zero
         log.debug("flops of %s not countable on meta tensors: %s", node.name, exc)
         return 1.0
@@ -119,8 +128,8 @@ def count_flops(node: fx.Node) -> float:
 def materialize_value(val: Any) -> Any:
     """A meta tensor with ``val``'s (hinted) shape and strides; other values pass through."""
     if isinstance(val, torch.Tensor):
-        return torch.empty_strided([_hint(s) for s in val.shape],
-                                   [_hint(s) for s in val.stride()], dtype=val.dtype,
+        return torch.empty_strided([size_hint(s) for s in val.shape],
+                                   [size_hint(s) for s in val.stride()], dtype=val.dtype,
                                    device="meta")
     return val
 
@@ -130,15 +139,17 @@ def _profile_ms(node: fx.Node) -> float:
     args, kwargs = pytree.tree_map(materialize, (node.args, node.kwargs))
     from torch.utils._mode_utils import no_dispatch
 
+    op = cast(Callable[..., Any], node.target)
+
     def run() -> None:
-        node.target(*args, **kwargs)
+        op(*args, **kwargs)
 
     on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda
                   for a in pytree.tree_leaves((args, kwargs)))
     with no_dispatch():
         if on_cuda:
             try:
-                from triton.testing import do_bench
+                do_bench = importlib.import_module("triton.testing").do_bench
             except ImportError:
                 return _cuda_event_ms(run)
             return float(do_bench(run))
@@ -171,26 +182,17 @@ def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
 
     ``estimator`` defaults to the flag ``activation_memory_budget_runtime_estimator``.
     """
-    if estimator is None:
-        from aot_config import functorch as functorch_config
-
-        estimator = functorch_config.activation_memory_budget_runtime_estimator
+    estimator = check_estimator(estimator)
     if estimator == "testing":
         return 1.0
-    if estimator not in ("flops", "profile"):
-        raise ValueError(f"Unknown runtime estimator {estimator!r}; valid: "
-                         f"{', '.join(RUNTIME_ESTIMATORS)} "
-                         "(flag activation_memory_budget_runtime_estimator)")
     if node.op != "call_function" or not callable(node.target):
         return 1.0
     key = (estimator, node.target, _signature(node.args), _signature(node.kwargs))
+    measure = count_flops if estimator == "flops" else _profile_ms
     try:
         cached = _cache.get(key)
     except TypeError:  # an unhashable argument: estimate without caching
-        key, cached = None, None
-    if cached is not None:
-        return cached
-    value = count_flops(node) if estimator == "flops" else _profile_ms(node)
-    if key is not None:
-        _cache[key] = value
-    return value
+        return measure(node)
+    if cached is None:
+        cached = _cache[key] = measure(node)
+    return cached

@@ -1,5 +1,8 @@
 """Cut the joint graph into forward and backward GraphModules once the saved values are known.
 
+Also the default split's choice of saved values (``default_saved_values``: every forward value
+the backward reads), which both partitioners use.
+
 Output convention of AOTAutograd's runtime wrappers (2.11 to 2.15): the forward returns
 ``user outputs + saved tensors + saved symbolic scalars``; the backward takes
 ``saved symbolic scalars + saved tensors + tangents + backward seeds + backward state``.
@@ -7,10 +10,13 @@ Output convention of AOTAutograd's runtime wrappers (2.11 to 2.15): the forward 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
 import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import is_sym_node
 from torch.fx.experimental.symbolic_shapes import (
     find_symbol_binding_fx_nodes,
     free_symbols,
@@ -18,7 +24,8 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from ._compat import make_graph_module, saved_output_descs
-from .classify import (
+from .joint import (
+    check_topological_order,
     computable_from,
     forward_and_backward_outputs,
     is_backward_state,
@@ -150,7 +157,9 @@ def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
         if "val" not in node.meta:
             continue
         new_symbols = free_symbols(node.meta["val"]) - saved_symbols
-        if new_symbols and bindings is None:
+        if not new_symbols:
+            continue
+        if bindings is None:
             bindings = find_symbol_binding_fx_nodes(joint_graph)
         for symbol in sorted(new_symbols, key=lambda s: s.name):
             if symbol in bindings:  # ill-formed graphs (direct make_fx) may lack one
@@ -220,3 +229,47 @@ def extract_forward_backward_graphs(
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
     return fw_graph, bw_graph, saved_values, saved_sym_nodes
+
+
+def is_assert_only_symbool(node: fx.Node) -> bool:
+    """A SymBool read only by ``_assert_scalar``: the forward checks it, nobody saves it."""
+    return (isinstance(node.meta.get("val"), torch.SymBool) and len(node.users) > 0
+            and all(u.target is torch.ops.aten._assert_scalar.default for u in node.users))
+
+
+def default_saved_values(joint_module: fx.GraphModule, num_fwd_outputs: int
+                         ) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(saved tensors, saved symbolic scalars) of the default split, like the original
+    ``.forward()``/``.backward()``: every forward value the backward reads.
+
+    The forward holds every op between the forward inputs and the forward outputs; of its
+    values, the backward's inputs are saved (only sizes, when the backward needs only those).
+    """
+    graph = joint_module.graph
+    check_topological_order(graph)
+    inputs = [n for n in graph.nodes if is_primal(n) or is_fwd_seed_offset(n)]
+    fw_outputs, _, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
+    forward_only = extract_subgraph(graph, inputs, fw_outputs)
+    forward_names = {n.name for n in forward_only.nodes if n.op != "output"}
+    saved_values: list[fx.Node] = []
+    saved_sym_nodes: list[fx.Node] = []
+    for node in graph.nodes:
+        if node.name not in forward_names:
+            continue
+        if is_sym_node(node):
+            # Symbolic scalars are kept apart: autograd stashes them on ctx, not via save.
+            saved_sym_nodes.append(node)
+        elif node.users and all(u.target is operator.getitem for u in node.users):
+            # A tuple cannot be saved: save its items (dead-code elimination of the forward
+            # may have dropped the ones only the backward reads).
+            saved_values.extend(node.users)
+        else:
+            backward_uses = [u for u in node.users if u.name not in forward_names]
+            if backward_uses and all(is_sym_node(u) for u in backward_uses):
+                # The backward needs only sizes: save those, not the tensor.
+                saved_sym_nodes.extend(backward_uses)
+            elif backward_uses:
+                saved_values.append(node)
+    saved_values = list(dict.fromkeys(saved_values))
+    saved_sym_nodes = [n for n in dict.fromkeys(saved_sym_nodes) if not is_assert_only_symbool(n)]
+    return saved_values, saved_sym_nodes

@@ -1,8 +1,9 @@
 """The "ilp_graph" budget solver: save-or-recompute for the whole forward as one MILP (HiGHS).
 
-Variables, per forward node v (not an input): ``save[v]`` and ``recompute[v]`` in {0, 1}; per
-graph input u: ``keep[u]`` (saved for the backward, needed when the backward or a recomputed node
-reads it).
+It works on arrays (``SaveOrRecompute``), not on fx nodes: ``budget.py`` describes the forward
+graph with them and reads the answer back. Variables, per forward node v (not an input):
+``save[v]`` and ``recompute[v]`` in {0, 1}; per graph input u: ``keep[u]`` (saved for the
+backward, needed when the backward or a recomputed node reads it).
 
 - every forward node that a backward node reads is available: save + recompute >= 1;
 - recomputing v needs each forward input u available: save[u] + recompute[u] >= recompute[v]
@@ -23,22 +24,15 @@ the best feasible answer found is used, and without one the "dp" answer.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
-import torch.fx as fx
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix
-
-from .estimators import estimate_runtime
-from .sizes import node_nbytes
-
-if TYPE_CHECKING:
-    from .budget import BudgetSearch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ILP_GRAPH_TIME_LIMIT_S", "ilp_graph_saved_values"]
+__all__ = ["ILP_GRAPH_TIME_LIMIT_S", "SaveOrRecompute", "SaveOrRecomputeAnswer",
+           "solve_save_or_recompute"]
 
 ILP_GRAPH_TIME_LIMIT_S = 10.0
 
@@ -62,31 +56,46 @@ def _lexicographic_costs(runtimes: np.ndarray, sizes: np.ndarray, estimator: str
     return save_cost, work + per_node
 
 
-def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
-                           max_bytes: float | None = None,
-                           time_limit_s: float = ILP_GRAPH_TIME_LIMIT_S
-                           ) -> tuple[list[fx.Node], float] | None:
-    """(saved values in graph order, estimated recompute runtime) at ``memory_budget``.
+@dataclass(frozen=True)
+class SaveOrRecompute:
+    """The problem: ``n`` forward nodes (indices 0..n-1) and ``m`` graph inputs (n..n+m-1)."""
 
-    ``max_bytes`` caps the saved bytes further (BudgetSearch passes the "dp" answer's). None
-    when HiGHS finds no feasible answer in time.
-    """
-    info = search.node_info
-    inputs = set(info.inputs)
-    forward = [n for n in info.required_fw_nodes if n not in inputs and n.op != "placeholder"]
-    index = {n: i for i, n in enumerate(forward)}
-    n = len(forward)
+    sizes: np.ndarray              # float64 [n + m]: bytes of each forward node, then input
+    runtimes: np.ndarray           # float64 [n]: estimated cost of recomputing each node
+    read_by_backward: np.ndarray   # bool [n + m]: a backward node reads it
+    recomputable: np.ndarray       # bool [n]: the policy allows recomputing it
+    reads: Sequence[Sequence[int]]  # reads[v]: the nodes and inputs v reads, in argument order
+    capacity: float                # saved bytes allowed (forward nodes and kept inputs)
+    estimator: str                 # the runtime estimator (weighs ops without FLOPs as free)
+
+    @property
+    def num_forward(self) -> int:
+        return int(self.runtimes.shape[0])
+
+
+@dataclass(frozen=True)
+class SaveOrRecomputeAnswer:
+    save: np.ndarray        # bool [n]
+    recompute: np.ndarray   # bool [n]
+    keep: np.ndarray        # bool [m]: graph inputs saved for the backward
+    runtime: float          # estimated runtime of the recomputed nodes
+
+
+def solve_save_or_recompute(problem: SaveOrRecompute, *,
+                            time_limit_s: float = ILP_GRAPH_TIME_LIMIT_S
+                            ) -> SaveOrRecomputeAnswer | None:
+    """The cheapest save-or-recompute choice (see module doc); None when HiGHS finds no
+    feasible answer in time or there is no forward node."""
+    # scipy.optimize takes seconds to import: only when the solver runs.
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    n = problem.num_forward
     if n == 0:
         return None
-    recomputable = np.ones(n, dtype=bool)
-    banned = set(search.aggressive_banned) - set(search.candidates)
-    for node in banned:
-        if node in index:
-            recomputable[index[node]] = False
-
-    graph_inputs = list(info.inputs)
-    input_index = {node: 2 * n + k for k, node in enumerate(graph_inputs)}
-    num_vars = 2 * n + len(graph_inputs)
+    sizes = np.asarray(problem.sizes, dtype=np.float64)
+    num_inputs = int(sizes.shape[0]) - n
+    num_vars = 2 * n + num_inputs
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -99,50 +108,37 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
             vals.append(val)
         lower.append(lb)
 
-    def read_by_backward(node: fx.Node) -> bool:
-        return any(user not in info.required_fw and user.op != "output" for user in node.users)
-
     # Columns: save[v] = v, recompute[v] = n + v, keep[input k] = 2n + k.
-    for v, node in enumerate(forward):
-        if read_by_backward(node):
+    for v in range(n):
+        if problem.read_by_backward[v]:
             add([(v, 1.0), (n + v, 1.0)], 1.0)
-        for arg in node.all_input_nodes:
-            if arg in index:
-                u = index[arg]
+        for u in problem.reads[v]:
+            if u < n:
                 add([(u, 1.0), (n + u, 1.0), (n + v, -1.0)], 0.0)
-            elif arg in input_index:
-                add([(input_index[arg], 1.0), (n + v, -1.0)], 0.0)
-    input_lower = np.array([1.0 if read_by_backward(node) else 0.0 for node in graph_inputs])
-    sizes = np.array([node_nbytes(node) for node in forward + graph_inputs], dtype=np.float64)
-    runtimes = np.array([estimate_runtime(node, search.estimator) for node in forward])
+            else:
+                add([(n + u, 1.0), (n + v, -1.0)], 0.0)
+    input_lower = np.asarray(problem.read_by_backward[n:], dtype=np.float64)
+    runtimes = np.asarray(problem.runtimes, dtype=np.float64)
     dependency = coo_matrix((vals, (rows, cols)), shape=(len(lower), num_vars)).tocsr()
-    # The memory ratio counts all inputs as its zero point; kept inputs are charged here.
-    capacity = search.min_bytes + max(memory_budget, 0.0) * (search.max_bytes - search.min_bytes)
-    if max_bytes is not None:
-        capacity = min(capacity, max_bytes)
     memory_row = np.concatenate([sizes[:n], np.zeros(n), sizes[n:]])
     constraints = [
         LinearConstraint(dependency, lb=np.asarray(lower), ub=np.inf),
-        LinearConstraint(memory_row.reshape(1, -1), ub=capacity),
+        LinearConstraint(memory_row.reshape(1, -1), ub=problem.capacity),
     ]
     lower_bounds = np.concatenate([np.zeros(2 * n), input_lower])
-    upper = np.concatenate([np.ones(n), recomputable.astype(np.float64),
-                            np.ones(len(graph_inputs))])
-    save_cost, recompute_cost = _lexicographic_costs(runtimes, sizes, search.estimator)
+    upper = np.concatenate([np.ones(n), np.asarray(problem.recomputable, dtype=np.float64),
+                            np.ones(num_inputs)])
+    save_cost, recompute_cost = _lexicographic_costs(runtimes, sizes, problem.estimator)
     cost = np.concatenate([save_cost[:n], recompute_cost, save_cost[n:]])
     result = milp(c=cost, constraints=constraints, integrality=np.ones(num_vars),
                   bounds=Bounds(lower_bounds, upper),
                   options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
     if result.x is None:
-        log.warning("ilp_graph: no feasible answer at budget %.3f (%s)", memory_budget,
-                    result.message)
+        log.warning("ilp_graph: no feasible answer (%s)", result.message)
         return None
     if not result.success:
         log.warning("ilp_graph: stopped early (%s); using the best answer found", result.message)
-    save = result.x[:n] > 0.5
     recompute = result.x[n:2 * n] > 0.5
-    chosen = {forward[v] for v in np.flatnonzero(save).tolist()}
-    chosen |= {graph_inputs[k] for k in np.flatnonzero(result.x[2 * n:] > 0.5).tolist()}
-    order = {node: i for i, node in enumerate(search.joint_graph.nodes)}
-    saved = sorted(chosen, key=order.__getitem__)
-    return saved, float(runtimes[recompute].sum())
+    return SaveOrRecomputeAnswer(save=result.x[:n] > 0.5, recompute=recompute,
+                                 keep=result.x[2 * n:] > 0.5,
+                                 runtime=float(runtimes[recompute].sum()))

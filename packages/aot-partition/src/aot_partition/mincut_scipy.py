@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
-if TYPE_CHECKING:
-    from .mincut import FlowNetwork, MinCut
+from .mincut import FlowNetwork, MinCut
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +54,6 @@ def _scale(capacities: np.ndarray, infinite: np.ndarray) -> np.ndarray:
 
 def scipy_min_cut(network: FlowNetwork) -> MinCut:
     """A minimum source/sink cut of ``network`` (see module doc for the quantization)."""
-    from .mincut import MinCut
-
     n = int(network.num_nodes)
     source, sink = int(network.source), int(network.sink)
     tails = np.asarray(network.tails, dtype=np.int64)

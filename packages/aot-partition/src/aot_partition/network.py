@@ -4,6 +4,9 @@ Every fx node ``n`` becomes two network nodes, ``n_in`` and ``n_out``; the edge 
 costs what saving ``n`` costs. Cutting it means "save n". Infinite edges encode what cannot
 be cut: data dependencies, bans on recomputation (source -> n_in) and backward needs
 (-> sink). The builder keeps the map from edge index to fx node to read the cut back.
+
+The bans come from ``policy.py``; per-node results (save costs, ban reasons) can be kept
+across the solves of one partition in a ``NetworkMemo`` that the caller owns.
 """
 
 from __future__ import annotations
@@ -19,11 +22,10 @@ import torch.fx as fx
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
 
-from .classify import is_fwd_seed_offset, is_primal
+from .joint import is_fwd_seed_offset, is_primal
 from .mincut import FlowNetwork
 from .passes.recompute_tags import must_recompute
-from .policy import PolicyContext, ban_long_fusible_chains, ban_reason, ban_used_far_apart
-from .policy import can_be_banned as _can_be_banned
+from .policy import PolicyContext, ban_reason, can_be_banned, graph_wide_bans
 from .sizes import node_nbytes, sym_node_size
 
 log = logging.getLogger(__name__)
@@ -76,13 +78,15 @@ class _Builder:
         self.edge_nodes.append(node)
         self.reasons.append(reason)
 
-    def ban(self, node: fx.Node, reason: str) -> bool:
+    def ban(self, node: fx.Node, reason: str) -> None:
         """Forbid recomputing ``node`` (an infinite source edge) unless it is exempt."""
-        if not _can_be_banned(node, self.ctx, self.dont_ban):
-            return False
+        if can_be_banned(node, self.ctx, self.dont_ban):
+            self.record_ban(node, reason)
+
+    def record_ban(self, node: fx.Node, reason: str) -> None:
+        """Add the infinite source edge of a ban already checked against the exemptions."""
         self.banned.setdefault(node, reason)
         self.edge(SOURCE, _in(self, node), math.inf, f"cannot recompute: {reason}")
-        return True
 
     def finish(self) -> tuple[FlowNetwork, list[fx.Node | None], list[str]]:
         network = FlowNetwork(
@@ -126,29 +130,44 @@ def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
     return float(cost if ctx.is_materialized(node) else cost * 2), ""
 
 
-def _per_node_memo(ctx: PolicyContext, kind: str, with_options: bool) -> dict[fx.Node, Any]:
-    """A node -> result cache valid for every context with the same inputs as ``ctx``.
+class NetworkMemo:
+    """Per-node results of ``build_network`` kept across the solves of one partition.
 
     Save costs and per-node ban reasons read only the node, the classification, the op
     categories, the flags and (ban reasons) the options, none of which change between the
-    solves of one partition.
+    solves of one partition; the memory-budget search builds the network several times and
+    hands the same memo to each. Results are keyed by everything they read, so one memo is
+    safe to share between contexts.
     """
-    key = (kind, id(ctx.op_types), ctx.recompute_views, ctx.treat_params_as_free,
-           ctx.max_dist_from_bw, ctx.options if with_options else None)
-    entry = ctx.node_info.memo.get(key)
-    if entry is None or entry[0] is not ctx.op_types:  # holding op_types keeps its id unique
-        entry = ctx.node_info.memo[key] = (ctx.op_types, {})
-    return entry[1]
+
+    def __init__(self) -> None:
+        self._tables: dict[Any, tuple[Any, dict[fx.Node, Any]]] = {}
+
+    def table(self, ctx: PolicyContext, kind: str, with_options: bool) -> dict[fx.Node, Any]:
+        """The node -> result cache for ``kind`` under ``ctx``."""
+        key = (kind, id(ctx.node_info), id(ctx.op_types), ctx.recompute_views,
+               ctx.treat_params_as_free, ctx.max_dist_from_bw,
+               ctx.options if with_options else None)
+        entry = self._tables.get(key)
+        # Holding node_info and op_types keeps their ids unique while the entry lives.
+        if entry is None or entry[0][0] is not ctx.node_info or entry[0][1] is not ctx.op_types:
+            entry = self._tables[key] = ((ctx.node_info, ctx.op_types), {})
+        return entry[1]
 
 
 def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
-                  dont_ban: set[fx.Node] | None = None) -> BuiltNetwork:
-    """The flow network for ``joint_graph``, with every ban decided and recorded."""
+                  dont_ban: set[fx.Node] | None = None,
+                  memo: NetworkMemo | None = None) -> BuiltNetwork:
+    """The flow network for ``joint_graph``, with every ban decided and recorded.
+
+    ``memo``: per-node results from earlier solves of the same partition (see NetworkMemo).
+    """
     info = ctx.node_info
     b = _Builder(ctx, dont_ban or set())
     ban = b.ban
-    save_costs = _per_node_memo(ctx, "save_cost", with_options=False)
-    ban_reasons = _per_node_memo(ctx, "ban_reason", with_options=True)
+    memo = memo if memo is not None else NetworkMemo()
+    save_costs = memo.table(ctx, "save_cost", with_options=False)
+    ban_reasons = memo.table(ctx, "ban_reason", with_options=True)
 
     for node in joint_graph.nodes:
         if node.op == "output":
@@ -181,8 +200,8 @@ def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
             b.edge(_out(b, node), _in(b, user), math.inf, f"{user.name} uses {node.name}")
 
     # Both graph-wide heuristics see the bans made so far, including each other's.
-    ban_used_far_apart(ctx, b.banned.keys(), ban)
-    ban_long_fusible_chains(ctx, b.banned.keys(), ban)
+    for node, reason in graph_wide_bans(ctx, b.banned, b.dont_ban):
+        b.record_ban(node, reason)
     network, edge_nodes, reasons = b.finish()
     for node, reason in b.banned.items():
         log.debug("banned from recomputation: %s (%s)", node.name, reason)

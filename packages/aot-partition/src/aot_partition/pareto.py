@@ -2,6 +2,8 @@
 
 One ``BudgetSearch`` is prepared per joint graph (the runtime-optimal and aggressive cuts, the
 knapsack items and their runtime estimates), then every budget costs one knapsack and one cut.
+The partitioner calls ``sweep`` and ``write_pareto_png`` when the flag
+``visualize_memory_budget_pareto`` is on; ``memory_budget_pareto`` is the standalone sweep.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ from typing import Any
 
 import torch.fx as fx
 
-from .budget import BudgetSearch, needed_by_backward, validate_memory_budget
+from .budget import BudgetSearch, needed_by_backward
 from .classify import classify
 from .draw import plot_pareto
 from .flags import read_flag
-from .partitioners import prepared_joint
-from .passes import cleanup_recompute_tags, has_recomputable_ops
+from .prepare import prepared_joint
 from .sizes import node_nbytes
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ def sweep(search: BudgetSearch, budgets: Sequence[float] = DEFAULT_BUDGETS) -> l
     Bytes and the memory ratio count what the partition would save (``needed_by_backward``);
     the ratio runs from the budget-0 answer (0.0) to the runtime-optimal cut (1.0).
     """
-    chosen = [(float(budget), *search.saved_values(validate_memory_budget(budget)))
-              for budget in budgets]
+    chosen = [(float(budget), *search.saved_values(budget)) for budget in budgets]
     saved_bytes = [_bytes(needed_by_backward(search, saved)) for _, saved, _ in chosen]
     low = _bytes(needed_by_backward(search, search.saved_values(0.0)[0]))
     high = _bytes(needed_by_backward(search, search.runtime_optimal))
@@ -72,8 +72,6 @@ def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None,
     del joint_inputs  # accepted for the partition_fn-like signature; shapes come from meta
     # A copy: the recompute-tag cleanup rewrites node annotations.
     with prepared_joint(copy.deepcopy(joint_module), num_fwd_outputs) as module:
-        if has_recomputable_ops(module):
-            cleanup_recompute_tags(module)
         info = classify(module, num_fwd_outputs)
         search = BudgetSearch.prepare(module.graph, info, solver=solver)
         points = sweep(search, DEFAULT_BUDGETS if budgets is None else budgets)

@@ -1,35 +1,38 @@
 """Ban heuristics: which forward nodes may not be recomputed in the backward, and why.
 
 Each heuristic is one small predicate returning a human reason (``"reduction: output 4x
-smaller than inputs"``) or None, so every decision of the partitioner can be explained.
+smaller than inputs"``) or None, so every decision of the partitioner can be explained. The
+two graph-wide heuristics depend on the bans made before them; they take those bans and
+return the ones they add, in order (``graph_wide_bans``).
 """
 
 from __future__ import annotations
 
 import heapq
 import operator
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
 import torch
 import torch.fx as fx
 from torch._higher_order_ops.effects import has_effects
 
-from .classify import NodeInfo, OpTypes, aten_packet, is_random
+from .classify import FAR_FROM_BACKWARD, NodeInfo, OpTypes
 from .flags import read_flag
+from .joint import aten_packet, is_random
 from .passes.recompute_tags import must_recompute, must_save
 from .passes.rng import replay_obstacle
 from .sizes import node_nbytes
 
 aten = torch.ops.aten
 
-# A chain of fusible forward ops longer than this many nodes gets cut (seed 004's constant).
+# A chain of fusible forward ops longer than this many nodes gets cut (torch's constant).
 LONG_CHAIN = 100
 
 
 @dataclass(frozen=True)
 class MinCutOptions:
-    """Which ban heuristics are on (seed 004's names)."""
+    """Which ban heuristics are on (torch's names)."""
 
     ban_if_used_far_apart: bool
     ban_if_long_fusible_chains: bool
@@ -158,8 +161,17 @@ def materialized_in_backward(node: fx.Node, ctx: PolicyContext) -> str | None:
 
 
 def too_far_from_backward(node: fx.Node, ctx: PolicyContext) -> str | None:
+    """A forward node more than ``max_dist_from_bw`` hops from its nearest backward user.
+
+    Nodes that never reach the backward (``FAR_FROM_BACKWARD``) are exempt: nothing would
+    recompute them. torch stands for that with ``dist < 1000``, which at its default
+    ``max_dist_from_bw = 1000`` (and at any value from 999 up) leaves no distance to ban, so
+    its rule never fires unless the flag is lowered. Here the flag means what it documents at
+    every value; the default bans only nodes more than 1,000 hops away (the model zoo and a
+    32-block GPT stay within 10 hops).
+    """
     dist = ctx.node_info.dist_from_bw.get(node, 0)
-    if ctx.max_dist_from_bw < dist < 1000:
+    if ctx.max_dist_from_bw < dist < FAR_FROM_BACKWARD:
         return f"too far from backward: {dist} ops > max_dist_from_bw={ctx.max_dist_from_bw}"
     return None
 
@@ -176,7 +188,7 @@ def reduction(node: fx.Node, ctx: PolicyContext) -> str | None:
     return None
 
 
-# Order matters only for which reason is reported first; it follows seed 004.
+# Order matters only for which reason is reported first; it follows torch.
 NODE_PREDICATES: tuple[Predicate, ...] = (
     never_recomputable,
     not_in_allowlist,
@@ -209,7 +221,7 @@ def ban_reason(node: fx.Node, ctx: PolicyContext) -> str | None:
     return None
 
 
-def can_be_banned(node: fx.Node, ctx: PolicyContext, dont_ban: set[fx.Node]) -> bool:
+def can_be_banned(node: fx.Node, ctx: PolicyContext, dont_ban: Collection[fx.Node]) -> bool:
     """Whether a ban may apply: views, annotated recomputes, SymFloats and dont_ban are exempt."""
     if ctx.op_types.is_view(node) or node in dont_ban or must_recompute(node):
         return False
@@ -241,18 +253,27 @@ def _first_unfusible_use(ctx: PolicyContext, start: list[fx.Node], max_order: in
     return max_order
 
 
-Ban = Callable[[fx.Node, str], bool]
+Bans = list[tuple[fx.Node, str]]
 
 
-def ban_used_far_apart(ctx: PolicyContext, banned: Collection[fx.Node], ban: Ban) -> None:
+def _ban(node: fx.Node, reason: str, ctx: PolicyContext, banned: dict[fx.Node, str],
+         dont_ban: Collection[fx.Node], made: Bans) -> None:
+    if can_be_banned(node, ctx, dont_ban):
+        banned.setdefault(node, reason)
+        made.append((node, reason))
+
+
+def ban_used_far_apart(ctx: PolicyContext, banned: dict[fx.Node, str],
+                       dont_ban: Collection[fx.Node] = ()) -> Bans:
     """Ban fusible users of a value that come after an unfusible use of it.
 
     Recomputing both a near and a far user of one value rarely fuses, so the far one is saved.
-    ``ban(node, reason)`` records a ban (adding to ``banned``) where one is allowed.
+    ``banned``: the bans so far, extended with the ones made here; returns those, in order.
     """
     info = ctx.node_info
+    made: Bans = []
     if not ctx.options.ban_if_used_far_apart:
-        return
+        return made
     for used in info.required_fw_nodes:
         fw_users = [u for u in used.users if info.is_required_fw(u)]
         if not fw_users:
@@ -262,14 +283,21 @@ def ban_used_far_apart(ctx: PolicyContext, banned: Collection[fx.Node], ban: Ban
         for user in used.users:
             if (info.is_required_fw(user) and info.get_fw_order(user) > first_unfusible
                     and ctx.is_fusible(used, user) and user not in banned):
-                ban(user, f"used far apart: {used.name} is used before and after an unfusible op")
+                _ban(user, f"used far apart: {used.name} is used before and after an "
+                     "unfusible op", ctx, banned, dont_ban, made)
+    return made
 
 
-def ban_long_fusible_chains(ctx: PolicyContext, banned: Collection[fx.Node], ban: Ban) -> None:
-    """Cut chains of fusible forward ops longer than LONG_CHAIN (e.g. residual streams)."""
+def ban_long_fusible_chains(ctx: PolicyContext, banned: dict[fx.Node, str],
+                            dont_ban: Collection[fx.Node] = ()) -> Bans:
+    """Cut chains of fusible forward ops longer than LONG_CHAIN (e.g. residual streams).
+
+    ``banned``: the bans so far, extended with the ones made here; returns those, in order.
+    """
     info = ctx.node_info
+    made: Bans = []
     if not ctx.options.ban_if_long_fusible_chains:
-        return
+        return made
     visited: set[fx.Node] = set()
     for start in info.required_fw_nodes:
         start_order = info.get_fw_order(start)
@@ -280,9 +308,20 @@ def ban_long_fusible_chains(ctx: PolicyContext, banned: Collection[fx.Node], ban
                 continue
             visited.add(cur)
             if order > start_order + LONG_CHAIN and not heap:
-                ban(cur, f"long fusible chain: {order - start_order} fusible ops from {start.name}")
+                _ban(cur, f"long fusible chain: {order - start_order} fusible ops from "
+                     f"{start.name}", ctx, banned, dont_ban, made)
                 break
             for user in cur.users:
                 if (info.is_required_fw(user) and ctx.is_fusible(cur, user)
                         and user not in banned):
                     heapq.heappush(heap, (info.get_fw_order(user), user.name, user))
+    return made
+
+
+def graph_wide_bans(ctx: PolicyContext, banned: Mapping[fx.Node, str],
+                    dont_ban: Collection[fx.Node] = ()) -> Bans:
+    """The bans of both graph-wide heuristics, given the per-node ``banned`` so far (not
+    modified). Each heuristic sees the bans before it, the other's included."""
+    so_far = dict(banned)
+    return (ban_used_far_apart(ctx, so_far, dont_ban)
+            + ban_long_fusible_chains(ctx, so_far, dont_ban))

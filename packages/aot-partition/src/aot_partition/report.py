@@ -1,12 +1,12 @@
-"""Explain a partition: which values were saved or recomputed, and why.
+"""What a partition decided, as data: which values were saved or recomputed, and why.
 
-``explain_partition`` is what ``aot-pipeline partition`` prints; the partitioners log the
-same decisions at DEBUG level.
+The partitioner builds a ``PartitionReport`` from its result (``build_report``) and logs it at
+DEBUG level; ``partitioners.explain_partition`` returns it (what ``aot-pipeline partition``
+prints). Nothing here runs a partition.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,7 +15,8 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .classify import NodeInfo, is_primal
+from .classify import NodeInfo
+from .joint import is_primal
 from .passes.rng import RNG_STATE_PREFIX
 from .sizes import node_nbytes
 
@@ -141,21 +142,3 @@ def log_report(report: PartitionReport) -> None:
     for name, why in report.banned.items():
         log.debug("banned %s: %s", name, why)
 
-
-def explain_partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
-                      memory_budget: float | None = None,
-                      static_lifetime_input_indices: list[int] | None = None
-                      ) -> PartitionReport:
-    """Run the min-cut partitioner on a copy of ``joint_module`` and say what it decided.
-
-    ``memory_budget`` overrides the ``activation_memory_budget`` flag (0 <= budget <= 1).
-    """
-    from .partitioners import partition_with_report
-
-    if memory_budget is not None and not 0.0 <= memory_budget <= 1.0:
-        raise ValueError(f"memory_budget must be between 0 and 1, got {memory_budget}")
-    _, _, report = partition_with_report(
-        copy.deepcopy(joint_module), num_fwd_outputs=num_fwd_outputs,
-        static_lifetime_input_indices=static_lifetime_input_indices,
-        memory_budget=memory_budget)
-    return report

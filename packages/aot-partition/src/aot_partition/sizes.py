@@ -1,4 +1,8 @@
-"""Bytes held by a joint-graph node, with symbolic sizes replaced by their hints."""
+"""Bytes held by a joint-graph node, with symbolic sizes replaced by their hints.
+
+``size_hint`` is the one place a symbolic size becomes a number: the byte model here and the
+runtime estimators both read sizes through it.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,22 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import py_sym_types
 
-from ._compat import int_hint, saved_output_desc_type
+from ._compat import optimization_hint, saved_output_desc_type
 from .errors import MissingMetadataError
 
-# Stand-in size for unbacked symbols that have no hint.
+# Stand-in size for unbacked symbols that have no hint (as torch's partitioner uses).
 UNBACKED_FALLBACK = 4096
 
 
+def size_hint(value: int | torch.SymInt) -> int:
+    """A concrete integer for a possibly symbolic size, without adding guards: the hint of a
+    backed symbol, ``UNBACKED_FALLBACK`` for an unbacked one (as torch's optimization hints
+    combine them in expressions)."""
+    return int(optimization_hint(value, fallback=UNBACKED_FALLBACK))
+
+
 def tensor_nbytes(value: torch.Tensor) -> int:
-    return int_hint(value.numel(), fallback=UNBACKED_FALLBACK) * value.dtype.itemsize
+    return size_hint(value.numel()) * value.dtype.itemsize
 
 
 def _value_nbytes(value: object) -> int:

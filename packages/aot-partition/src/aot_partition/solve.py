@@ -14,7 +14,7 @@ from .classify import NodeInfo, OpTypes, default_op_types
 from .errors import InfeasibleMinCutError
 from .flags import read_flag
 from .mincut import MinCut, MinCutSolver, get_solver, infinite_path
-from .network import BuiltNetwork, build_network
+from .network import BuiltNetwork, NetworkMemo, build_network
 from .policy import MinCutOptions, PolicyContext
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,16 @@ def solve_min_cut_detailed(
     min_cut_options: MinCutOptions,
     dont_ban: set[fx.Node] | None = None,
     op_types: OpTypes | None = None,
+    memo: NetworkMemo | None = None,
 ) -> MinCutSolution:
-    """Like solve_min_cut, with the reasons, the network and the cut for explanations."""
+    """Like solve_min_cut, with the reasons, the network and the cut for explanations.
+
+    ``memo``: per-node results shared by the solves of one partition (see NetworkMemo).
+    """
     ctx = PolicyContext.create(op_types or default_op_types(), node_info, min_cut_options)
     if read_flag("debug_partitioner"):
         print_banned_ops(joint_graph, ctx.op_types)
-    built = build_network(joint_graph, ctx, dont_ban)
+    built = build_network(joint_graph, ctx, dont_ban, memo)
     path = infinite_path(built.network)
     if path is not None:
         _raise_infeasible(built, path)
@@ -90,7 +94,7 @@ def solve_min_cut_detailed(
     saved = {built.edge_nodes[e] for e in cut.cut_edges(built.network).tolist()}
     if None in saved:
         raise AssertionError(f"solver {solver_name!r} cut an infinite edge")
-    saved_values = sorted(saved, key=order.__getitem__)  # type: ignore[arg-type]
+    saved_values = sorted(saved, key=order.__getitem__)
     log.debug("min-cut (%s) value %s saves %s", solver_name, cut.value,
               [n.name for n in saved_values])
     return MinCutSolution(saved_values, built.banned, built, cut, solver_name)

@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..classify import aten_packet, is_random
+from ..joint import aten_packet, is_random
 
 _NEVER_MERGED = (torch.ops.aten.empty,)
 
@@ -79,26 +79,15 @@ class _AliasesOutput:
         return verdict
 
 
-def eliminate_common_subexpressions(module: fx.GraphModule,
-                                    keep_apart: Callable[[fx.Node], Hashable] | None = None
-                                    ) -> fx.GraphModule:
-    """Merge call_function nodes with equal target, arguments and checkpoint annotation.
+def eliminate_common_subexpressions(
+    graph: fx.Graph, keep_apart: Callable[[fx.Node], Hashable] | None = None
+) -> bool:
+    """Merge call_function nodes with equal target, arguments and checkpoint annotation, and
+    erase the duplicates; True if anything was merged (the caller recompiles its module).
 
     Random, mutating and output-aliasing nodes are never merged; a mutation starts a new
     epoch so reads before and after it stay distinct. Nodes with different ``keep_apart``
-    keys are never merged either.
-    """
-    if eliminate_common_subexpressions_in_graph(module.graph, keep_apart):
-        module.recompile()
-    return module
-
-
-def eliminate_common_subexpressions_in_graph(
-    graph: fx.Graph, keep_apart: Callable[[fx.Node], Hashable] | None = None
-) -> bool:
-    """eliminate_common_subexpressions on a bare graph; True if it merged anything.
-
-    The caller recompiles its module once after all its graph passes.
+    keys are never merged either. ``merge_common_subexpressions`` is the same merge, undoable.
     """
     merged = merge_common_subexpressions(graph, keep_apart)
     for node in merged.duplicates:
@@ -158,6 +147,7 @@ def merge_common_subexpressions(
         if node.op != "call_function" or _unmergeable_target(node):
             epoch += node.op == "call_function" and _is_mutating(node)
         else:
+            key: tuple[Any, ...] | None
             try:
                 key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env),
                        node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,

@@ -13,7 +13,7 @@ def treats_random_as_impure() -> bool:
     return True
 
 
-def eliminate_dead_code_in_graph(graph: fx.Graph) -> bool:
+def eliminate_dead_code(graph: fx.Graph) -> bool:
     """fx.Graph.eliminate_dead_code, faster on big graphs; True if anything was dropped.
 
     fx asks every node whether it is impure, which is slow; nodes with users are kept
@@ -28,9 +28,3 @@ def eliminate_dead_code_in_graph(graph: fx.Graph) -> bool:
         return False
     return graph.eliminate_dead_code(lambda n: len(n.users) > 0 or n.is_impure(impure_random))
 
-
-def eliminate_dead_code(module: fx.GraphModule) -> fx.GraphModule:
-    """Drop nodes nobody uses (impure ops such as in-place copies are kept by fx)."""
-    if eliminate_dead_code_in_graph(module.graph):
-        module.recompile()
-    return module

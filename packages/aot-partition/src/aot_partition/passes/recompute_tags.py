@@ -23,19 +23,20 @@ def must_save(node: fx.Node) -> bool:
     return node.meta.get("recompute") == CheckpointPolicy.MUST_SAVE
 
 
-def has_recomputable_ops(module: fx.GraphModule) -> bool:
-    return any(must_recompute(n) for n in module.graph.nodes)
+def has_recomputable_ops(graph: fx.Graph) -> bool:
+    return any(must_recompute(n) for n in graph.nodes)
 
 
-def cleanup_recompute_tags(joint_module: fx.GraphModule) -> fx.GraphModule:
-    """Save the boundary between two consecutive checkpointed regions.
+def cleanup_recompute_tags(graph: fx.Graph) -> bool:
+    """Save the boundary between two consecutive checkpointed regions; True if a tag changed.
 
     When a recompute-tagged node feeds a recompute-tagged node of a LATER checkpoint region
     (higher ``ac_graph_id``), the tensor crossing the boundary is marked MUST_SAVE so each region
     is recomputed from its own saved input, as eager checkpointing does. A recomputed region
     output with a backward hook is saved too, since recomputing it would need its own gradient.
     """
-    for node in joint_module.graph.nodes:
+    changed = False
+    for node in graph.nodes:
         if not must_recompute(node):
             continue
         region = node.meta.get("ac_graph_id")
@@ -44,11 +45,13 @@ def cleanup_recompute_tags(joint_module: fx.GraphModule) -> fx.GraphModule:
             if (must_recompute(user) and region is not None and user_region is not None
                     and user_region > region):
                 node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+                changed = True
         if node.meta.get("has_backward_hook", False) and not any(
             must_recompute(u) for u in node.users
         ):
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-    return joint_module
+            changed = True
+    return changed
 
 
 def _written_placeholder_args(node: fx.Node, schema: torch.FunctionSchema) -> list[fx.Node]:
@@ -111,8 +114,9 @@ def _only_updates(reader: fx.Node, value: fx.Node) -> bool:
     return bool(uses) and all(name in _BATCH_NORM_STATS for name in uses)
 
 
-def save_readers_of_mutated_inputs(joint_module: fx.GraphModule) -> fx.GraphModule:
-    """Mark MUST_SAVE every node whose recompute would read an input after its update.
+def save_readers_of_mutated_inputs(graph: fx.Graph) -> bool:
+    """Mark MUST_SAVE every node whose recompute would read an input after its update; True
+    if any node was marked.
 
     Written back after the forward (``aot_module`` without ``keep_inference_input_mutations``):
     every reader, since autograd's version check fails on the saved input ("modified by an
@@ -121,16 +125,18 @@ def save_readers_of_mutated_inputs(joint_module: fx.GraphModule) -> fx.GraphModu
     value depends on the old contents; a training-mode batch norm does not (it reads its
     running stats only to update them), so it stays recomputable, as in torch.
     """
-    after_forward, in_graph = _mutated_inputs(joint_module.graph)
-    for node in joint_module.graph.nodes:
+    after_forward, in_graph = _mutated_inputs(graph)
+    changed = False
+    for node in graph.nodes:
         if node.op != "call_function" or node.target is torch.ops.aten.copy_.default:
             continue
         inputs = node.all_input_nodes
         hazard = any(a in after_forward for a in inputs) or any(
             a in in_graph and not _only_updates(node, a) for a in inputs)
-        if hazard:
+        if hazard and not must_save(node):
             if must_recompute(node):
                 log.warning("%s reads an input updated in place; saving it despite its %s "
                             "annotation", node.name, node.meta["recompute"])
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
-    return joint_module
+            changed = True
+    return changed

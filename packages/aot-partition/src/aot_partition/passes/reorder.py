@@ -11,8 +11,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .._compat import make_graph_module
-from ..classify import is_tangent
+from ..joint import is_tangent
 
 
 def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
@@ -54,10 +53,11 @@ def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
     return new_order
 
 
-def reorder_backward_graph(graph: fx.Graph) -> bool:
+def reorder_backward(graph: fx.Graph) -> bool:
     """Reorder ``graph`` in place (moving nodes, no copies); True if it was reordered.
 
-    Cheaper than building a new graph: the caller wraps the graph in a GraphModule once.
+    Nodes that nothing after the first tangent user needs are erased. Cheaper than building
+    a new graph: the caller wraps the graph in a GraphModule (or recompiles) once.
     """
     nodes = list(graph.nodes)
     new_order = _backward_order(nodes)
@@ -76,14 +76,3 @@ def reorder_backward_graph(graph: fx.Graph) -> bool:
         cursor = node
     return True
 
-
-def reorder_backward(bw_module: fx.GraphModule) -> fx.GraphModule:
-    """The backward module reordered (a new module), or ``bw_module`` itself if unchanged."""
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    new_order = _backward_order(list(bw_module.graph.nodes))
-    if new_order is None:
-        return bw_module
-    for node in new_order:
-        env[node] = graph.node_copy(node, env.__getitem__)
-    return make_graph_module(bw_module, graph)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import copy
 import functools
 import operator
+from typing import Any
 
 import torch
 import torch.fx as fx
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
 from .._compat import saved_output_desc_type, saved_output_descs
-from ..classify import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from ..joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
 
 REPLAYABLE_DEVICES = ("cpu", "cuda")
 RNG_STATE_PREFIX = "rng_state_output_"  # names of the backward's RNG-state inputs
@@ -94,9 +95,10 @@ def replay_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph, num_sym_nodes: int
     states: list[fx.Node] = []
     for index, (fw_node, bw_node) in enumerate(pairs):
         device = device_of(fw_node)
+        fw_op: Any = fw_node.target  # an OpOverload (is_random checks call_function nodes)
         with fw_graph.inserting_before(fw_node):
-            both = fw_graph.call_function(run_and_save_rng_state,
-                                          (fw_node.target, *fw_node.args), fw_node.kwargs)
+            both = fw_graph.call_function(run_and_save_rng_state, (fw_op, *fw_node.args),
+                                          fw_node.kwargs)
             state = fw_graph.call_function(operator.getitem, (both, 0))
             state.meta["val"] = _sample_rng_state(device)
             result = fw_graph.call_function(operator.getitem, (both, 1))
@@ -111,9 +113,9 @@ def replay_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph, num_sym_nodes: int
             saved_state.meta["val"] = _sample_rng_state(device)
         placeholders.append(saved_state)
         with bw_graph.inserting_before(bw_node):
+            bw_op: Any = bw_node.target
             replay = bw_graph.call_function(run_with_rng_state,
-                                            (saved_state, bw_node.target, *bw_node.args),
-                                            bw_node.kwargs)
+                                            (saved_state, bw_op, *bw_node.args), bw_node.kwargs)
             replay.meta = copy.copy(bw_node.meta)
         bw_node.replace_all_uses_with(replay)
         bw_graph.erase_node(bw_node)

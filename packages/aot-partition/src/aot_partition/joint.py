@@ -1,0 +1,147 @@
+"""The AOTAutograd joint graph's conventions and plain graph walks, shared by every layer.
+
+Which placeholders are primals, tangents, RNG seeds or backward state; where the forward
+outputs end and the gradients begin; the aten packet of a node and whether it is random;
+topological order, and the nodes computable from (or needed by) a set of others. Nothing here
+depends on flags or on a partition in progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.fx.experimental._backward_state import BackwardState
+
+from .errors import GraphCycleError
+
+# ---- placeholders ----------------------------------------------------------------------------
+
+def is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and "tangents" in str(node.target)
+
+
+def is_bwd_seed_offset(node: fx.Node) -> bool:
+    if node.op != "placeholder":  # asked of every node: skip formatting op targets
+        return False
+    target = str(node.target)
+    return "bwd_seed" in target or "bwd_base_offset" in target
+
+
+def is_fwd_seed_offset(node: fx.Node) -> bool:
+    if node.op != "placeholder":
+        return False
+    target = str(node.target)
+    return "fwd_seed" in target or "fwd_base_offset" in target
+
+
+def is_backward_state(node: fx.Node) -> bool:
+    return node.op == "placeholder" and isinstance(node.meta.get("val"), BackwardState)
+
+
+def is_primal(node: fx.Node) -> bool:
+    return (
+        node.op == "placeholder"
+        and "tangents" not in str(node.target)
+        and not is_bwd_seed_offset(node)
+        and not is_fwd_seed_offset(node)
+    )
+
+
+# ---- ops ------------------------------------------------------------------------------------
+
+_PACKETS: dict[Any, Any] = {}  # target -> packet: the policy asks tens of thousands of times
+
+
+def aten_packet(node: fx.Node) -> Any:
+    """The OpOverloadPacket of an aten op (``aten.add`` for ``aten.add.Tensor``), else target."""
+    target = node.target
+    try:
+        return _PACKETS[target]
+    except KeyError:
+        packet = _PACKETS[target] = getattr(target, "overloadpacket", target)
+        return packet
+    except TypeError:  # an unhashable target
+        return getattr(target, "overloadpacket", target)
+
+
+def is_random(node: fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
+
+
+# ---- outputs, order and reachability ---------------------------------------------------------
+
+def forward_and_backward_outputs(
+    joint_module: fx.GraphModule, num_fwd_outputs: int
+) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """(fw outputs, bw outputs, fw output descriptors, bw output descriptors)."""
+    output = next(iter(joint_module.graph.find_nodes(op="output")))
+    outputs = pytree.arg_tree_leaves(*output.args)
+    descs = pytree.arg_tree_leaves(output.meta.get("desc", [None] * len(outputs)))
+    if len(descs) != len(outputs):
+        descs = [None] * len(outputs)
+    if not 0 <= num_fwd_outputs <= len(outputs):
+        raise ValueError(
+            f"num_fwd_outputs={num_fwd_outputs} is out of range: the joint graph has "
+            f"{len(outputs)} outputs (forward outputs first, then gradients)"
+        )
+    return (outputs[:num_fwd_outputs], outputs[num_fwd_outputs:],
+            descs[:num_fwd_outputs], descs[num_fwd_outputs:])
+
+
+def check_topological_order(graph: fx.Graph) -> None:
+    """Raise GraphCycleError naming the first node that reads a later one (and the cycle)."""
+    seen: set[fx.Node] = set()
+    for node in graph.nodes:
+        for arg in node.all_input_nodes:
+            if arg not in seen:
+                raise GraphCycleError(node.name, arg.name, _cycle_through(node, arg))
+        seen.add(node)
+
+
+def _cycle_through(node: fx.Node, arg: fx.Node) -> list[str] | None:
+    """Names along the cycle node -> ... -> arg -> node (``arg`` depends on ``node``), if any."""
+    parents: dict[fx.Node, fx.Node | None] = {node: None}
+    stack = [node]
+    while stack:  # walk users from node until arg
+        cur = stack.pop()
+        if cur is arg:
+            path = []
+            step: fx.Node | None = cur
+            while step is not None:
+                path.append(step.name)
+                step = parents[step]
+            return [*reversed(path), node.name]
+        for user in cur.users:
+            if user not in parents:
+                parents[user] = cur
+                stack.append(user)
+    return None
+
+
+def computable_from(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
+    """Nodes computable from ``inputs`` alone (placeholders outside ``inputs`` are not)."""
+    computable = set(inputs)
+    for node in graph.nodes:
+        if node in computable or node.op in ("placeholder", "output"):
+            continue
+        if all(arg in computable for arg in node.all_input_nodes):
+            computable.add(node)
+    return computable
+
+
+def ancestors_within(outputs: Iterable[Any], allowed: set[fx.Node]) -> set[fx.Node]:
+    """Nodes in ``allowed`` that ``outputs`` transitively depend on (outputs included)."""
+    seen: set[fx.Node] = set()
+    stack = [o for o in outputs if isinstance(o, fx.Node) and o in allowed]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.extend(a for a in node.all_input_nodes if a in allowed and a not in seen)
+    return seen

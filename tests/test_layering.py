@@ -1,0 +1,192 @@
+"""Import layering of the workspace packages, read from the sources (no package is imported).
+
+Every import counts, module-level or inside a function (a function-local import hides a cycle
+from Python, not from the design), ``if TYPE_CHECKING:`` blocks included, and relative imports
+are resolved (``from . import x`` imports the module ``x`` when it is one).
+
+- No package may have an import cycle between its own modules.
+- ``aot_partition`` follows an explicit table of layers: a module may import only modules of
+  its own layer group or of lower layers (see ``AOT_PARTITION_LAYERS``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = sorted(p for p in (ROOT / "packages").glob("*/src/*")
+                      if p.is_dir() and (p / "__init__.py").exists())
+
+
+def _module_name(package_dir: Path, path: Path) -> str:
+    parts = [package_dir.name, *path.relative_to(package_dir).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules(package_dir: Path) -> dict[str, Path]:
+    """Module name -> source file, for every module of one package."""
+    return {_module_name(package_dir, p): p for p in sorted(package_dir.rglob("*.py"))}
+
+
+def _resolve(importer: str, is_package: bool, level: int, module: str | None) -> str:
+    if level == 0:
+        return module or ""
+    base = importer.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> dict[str, int]:
+    """The package's own modules that module ``name`` imports -> first line number."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: dict[str, int] = {}
+
+    def add(target: str, line: int) -> None:
+        # ``import a.b.c`` also runs a and a.b; count the deepest module that exists.
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.setdefault(target, line)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(name, is_package, node.level, node.module)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}" if base else alias.name
+                add(submodule if submodule in modules else base, node.lineno)
+    return found
+
+
+def import_graph(package_dir: Path) -> dict[str, dict[str, int]]:
+    modules = package_modules(package_dir)
+    names = set(modules)
+    return {name: imports_of(name, path, names) for name, path in modules.items()}
+
+
+def _ancestor_packages(name: str) -> set[str]:
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None.
+
+    An edge from a module to a package ``__init__`` that contains it is ignored: importing
+    ``pkg.sub`` always runs ``pkg/__init__.py`` first, and ``__init__`` re-exporting its
+    submodules is the usual shape, not a cycle between layers.
+    """
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph.get(node, {})):
+            if target in _ancestor_packages(node):
+                continue
+            if state.get(target) == 1:
+                return [*stack[stack.index(target):], target]
+            if target not in state:
+                cycle = visit(target)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start)
+            if cycle:
+                return cycle
+    return None
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    steps = [f"{a} -> {b} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
+    return "import cycle: " + " -> ".join(cycle) + "\n  " + "\n  ".join(steps)
+
+
+@pytest.mark.parametrize("package_dir", PACKAGE_DIRS, ids=lambda p: p.name)
+def test_no_import_cycle_inside_a_package(package_dir: Path) -> None:
+    graph = import_graph(package_dir)
+    cycle = find_cycle(graph)
+    assert cycle is None, _describe(cycle, graph)
+
+
+# aot_partition, lowest layer first. A module may import modules of its own row and of the rows
+# above it, never of a row below. Rows hold modules that do not import each other, or whose
+# order inside the row is fixed by the cycle test.
+AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
+    # leaves: errors, flag access, torch-release differences, the joint graph's conventions,
+    # sizes (the leaves may import each other; the cycle test keeps them acyclic)
+    ("errors", "flags", "_compat", "joint", "sizes"),
+    # graph passes (one function each: graph in, "changed" out)
+    ("passes", "passes.cse", "passes.dce", "passes.recompute_tags", "passes.reorder",
+     "passes.rng"),
+    # the joint prepared for partitioning (checks + passes, undone afterwards)
+    ("prepare",),
+    # per-node classification, policy, flow network, min-cut solve; forward/backward cutting
+    ("classify", "extract", "policy", "mincut", "mincut_scipy", "network", "solve"),
+    # on arrays: knapsack solvers, runtime estimates, the whole-graph MILP
+    ("knapsack", "estimators", "ilp_graph"),
+    # the memory-budget search
+    ("budget",),
+    # data only: the partition report; pictures
+    ("report", "draw"),
+    # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)
+    ("pareto",),
+    # composition: the two partition functions and explain_partition
+    ("partitioners",),
+    # the public API
+    ("",),
+]
+
+
+def _layer_of(module: str) -> int:
+    short = module.removeprefix("aot_partition").removeprefix(".")
+    for index, row in enumerate(AOT_PARTITION_LAYERS):
+        if short in row:
+            return index
+    raise AssertionError(f"aot_partition module {module!r} is in no row of AOT_PARTITION_LAYERS; "
+                         "add it to the layer it belongs to")
+
+
+def test_aot_partition_imports_only_point_down() -> None:
+    package_dir = ROOT / "packages" / "aot-partition" / "src" / "aot_partition"
+    graph = import_graph(package_dir)
+    upward = []
+    for module, targets in sorted(graph.items()):
+        for target, line in sorted(targets.items()):
+            if target in _ancestor_packages(module):
+                continue
+            if _layer_of(target) > _layer_of(module):
+                upward.append(f"{module} (line {line}) imports {target}, a higher layer")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from . import b\n")
+    (package / "b.py").write_text("from .sub import c\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..a import f\n")
+    graph = import_graph(package)
+    assert graph["pkg.a"] == {"pkg.b": 2}
+    assert graph["pkg.b"] == {"pkg.sub.c": 1}
+    assert graph["pkg.sub.c"] == {"pkg.a": 3}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
