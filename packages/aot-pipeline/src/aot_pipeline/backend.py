@@ -198,6 +198,9 @@ def _reset() -> None:
 def _inductor_backend(options: PipelineOptions,
                       recorder: PartitionRecorder | None) -> Callable[..., CompiledGraph]:
     patches = inductor_config_patches(options)
+    # Imported now, as torch.compile(backend="inductor") does when called, and not in the first
+    # compiled step.
+    _compat.compile_fx()
 
     def compile_with_inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
         global _used_cudagraphs
