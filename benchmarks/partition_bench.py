@@ -68,6 +68,9 @@ MODELS: dict[str, dict[str, Any]] = {
     "llama-8": {"name": "llama", "layers": 8},
     "convnet": {"name": "convnet", "layers": 3, "channels": 8, "image": 16},
 }
+# Run only when named in --models (not in the default full run): the 96-block GPT joint of
+# about 15,100 nodes that issue 15's speed target is stated on (torch takes 10-20 s a budget).
+EXTRA_MODELS: dict[str, dict[str, Any]] = {"gpt-96": {"name": "gpt", "layers": 96}}
 SMOKE_MODELS = {"gpt-1": {"name": "gpt", "layers": 1}}
 BUDGETS = (1.0, 0.8, 0.5, 0.2)
 # The exact whole-graph MILP is run once per budget on graphs up to this many nodes.
@@ -266,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated subset of {', '.join(MODELS)}")
+                        help=f"comma-separated subset of {', '.join(MODELS)} (default: all "
+                             f"of those), or also {', '.join(EXTRA_MODELS)}")
     parser.add_argument("--solvers", default="dp_graph,ilp_graph",
                         help="extra budget solvers of ours to run besides the default 'dp'")
     parser.add_argument("--graph-modules", default="lazy,eager",
@@ -277,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         models, budgets, repeats, extra = SMOKE_MODELS, (0.5,), 1, ["ilp_graph"]
     else:
-        models = {k: MODELS[k] for k in args.models.split(",")}
+        models = {k: (MODELS | EXTRA_MODELS)[k] for k in args.models.split(",")}
         budgets, repeats = BUDGETS, args.repeats
         extra = [s for s in args.solvers.split(",") if s]
     modes = [m for m in args.graph_modules.split(",") if m]

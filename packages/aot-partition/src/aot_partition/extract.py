@@ -10,6 +10,7 @@ Output convention of AOTAutograd's runtime wrappers (2.11 to 2.15): the forward 
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -56,7 +57,7 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
         env[node] = placeholder
     for node in joint_graph.nodes:
         if node in needed and node not in env:
-            env[node] = graph.node_copy(node, env.__getitem__)
+            env[node] = _copy_node(graph, node, env)
     values = []
     for out in outputs:
         if isinstance(out, fx.Node):
@@ -72,6 +73,28 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
     if output_descs is not None and all(d is not None for d in output_descs):
         output.meta["desc"] = list(output_descs)
     return graph
+
+
+def _copy_node(graph: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node]) -> fx.Node:
+    """``graph.node_copy(node, env.__getitem__)``, with less overhead per node.
+
+    node_copy passes the arguments to ``create_node``, which (torch 2.13) walks them with
+    pytree looking for raw symbolic values, which a traced joint's nodes never hold; then
+    sets ``meta`` through ``Node.__setattr__``, which takes the node out of the graph's
+    find-nodes table and puts it back. Here the node is created bare and its arguments and
+    meta set with ``object.__setattr__`` (the ``args``/``kwargs`` property setters still run
+    and register the node with its inputs; it is their last user, as with node_copy).
+    Neither touches the table's key (op, target) nor the node's place in it.
+    """
+    args = fx.map_arg(node.args, env.__getitem__)
+    kwargs = fx.map_arg(node.kwargs, env.__getitem__)
+    copied = graph.create_node(node.op, node.target, (), None, node.name, node.type)
+    if args:
+        object.__setattr__(copied, "args", args)
+    if kwargs:
+        object.__setattr__(copied, "kwargs", kwargs)
+    object.__setattr__(copied, "meta", copy.copy(node.meta))
+    return copied
 
 
 def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
