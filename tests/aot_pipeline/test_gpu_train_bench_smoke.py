@@ -16,13 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_tiny_cpu_run_writes_one_table_with_losses_and_captures(tmp_path):
     script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
     done = subprocess.run(
-        [sys.executable, script, "--device", "cpu", "--size", "tiny", "--models", "gpt2,llama",
+        [sys.executable, script, "--device", "cpu", "--size", "tiny", "--models", "llama",
          "--variants", "eager,ours_ca", "--steps", "2", "--warmup", "1", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_train_bench.json").read_text())
     rows = {(row["model"], row["variant"]): row for row in result["rows"]}
-    assert set(rows) == {(m, v) for m in ("gpt2", "llama") for v in ("eager", "ours_ca")}
+    # One model keeps CI short: the transformers Llama, the path users bring.
+    assert set(rows) == {("llama", "eager"), ("llama", "ours_ca")}
     for (model, variant), row in rows.items():
         assert len(row["losses"]) == 3 and row["first_step_s"] > 0 and row["median_ms"] > 0
         # fp32 on CPU: the compiled run trains like eager, and the backward is captured once.
