@@ -60,9 +60,10 @@ cse: bool = flag(
     True, doc="Apply common-subexpression elimination to the joint graph before partitioning."
 )
 
-# Newer torch (2.13) adds this flag with default True; the seed's behaviour is False, kept here.
+# torch 2.13 made this True: parameters and buffers are in memory anyway, so saving them for the
+# backward costs no activation memory (the seed's False saved more real activation bytes).
 treat_parameters_as_free_to_save: bool = flag(
-    False,
+    True,
     doc="Let the min-cut treat static-lifetime inputs (parameters) as free to save for backward.",
 )
 
@@ -124,10 +125,25 @@ activation_memory_budget: float = flag(
     doc="Fraction of the default policy's activation memory to keep: 0 = full recompute, 1 = default.",
 )
 
+activation_memory_budget_bytes: int | None = flag(
+    None,
+    type=int | None,
+    range=(0, None),
+    doc="Cap on saved activation bytes (parameters excluded); overrides the fraction when set.",
+)
+
+activation_memory_peak_bytes: int | None = flag(
+    None,
+    type=int | None,
+    range=(0, None),
+    doc="Cap on the simulated forward+backward peak bytes (aot_partition.memory); None = no cap.",
+)
+
 activation_memory_budget_runtime_estimator: str = flag(
     "flops",
-    choices=("flops", "profile", "testing"),
-    doc="Op runtime estimate for the budget: FLOP count, benchmarking, or 1 per op ('testing').",
+    choices=("flops", "roofline", "profile", "testing"),
+    doc="Op runtime estimate for the budget: FLOPs, roofline (FLOPs and bytes moved), "
+        "benchmarking, or 1 per op ('testing').",
 )
 
 activation_memory_budget_solver: str = flag(

@@ -11,14 +11,14 @@ from __future__ import annotations
 import heapq
 import operator
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
 from torch._higher_order_ops.effects import has_effects
 
 from .classify import FAR_FROM_BACKWARD, NodeInfo, OpTypes
-from .flags import read_flag
+from .config import MinCutOptions, PartitionConfig
 from .joint import aten_packet, is_random
 from .passes.recompute_tags import must_recompute, must_save
 from .passes.rng import replay_obstacle
@@ -28,34 +28,6 @@ aten = torch.ops.aten
 
 # A chain of fusible forward ops longer than this many nodes gets cut (torch's constant).
 LONG_CHAIN = 100
-
-
-@dataclass(frozen=True)
-class MinCutOptions:
-    """Which ban heuristics are on (torch's names)."""
-
-    ban_if_used_far_apart: bool
-    ban_if_long_fusible_chains: bool
-    ban_if_materialized_backward: bool
-    ban_if_not_in_allowlist: bool
-    ban_if_reduction: bool
-
-    @classmethod
-    def from_flags(cls) -> MinCutOptions:
-        """Options from ``aot_config.functorch``; aggressive_recomputation turns four off."""
-        options = cls(
-            ban_if_used_far_apart=read_flag("ban_recompute_used_far_apart"),
-            ban_if_long_fusible_chains=read_flag("ban_recompute_long_fusible_chains"),
-            ban_if_materialized_backward=read_flag("ban_recompute_materialized_backward"),
-            ban_if_not_in_allowlist=read_flag("ban_recompute_not_in_allowlist"),
-            ban_if_reduction=read_flag("ban_recompute_reductions"),
-        )
-        if read_flag("aggressive_recomputation"):
-            options = replace(options, ban_if_used_far_apart=False,
-                              ban_if_long_fusible_chains=False,
-                              ban_if_materialized_backward=False,
-                              ban_if_not_in_allowlist=False)
-        return options
 
 
 @dataclass(frozen=True)
@@ -70,11 +42,12 @@ class PolicyContext:
     treat_params_as_free: bool = False  # static-lifetime inputs (parameters) cost 0 to save
 
     @classmethod
-    def create(cls, op_types: OpTypes, node_info: NodeInfo, options: MinCutOptions
-               ) -> PolicyContext:
-        return cls(op_types, node_info, options, bool(read_flag("recompute_views")),
-                   int(read_flag("max_dist_from_bw")),
-                   bool(read_flag("treat_parameters_as_free_to_save")))
+    def create(cls, op_types: OpTypes, node_info: NodeInfo, options: MinCutOptions,
+               config: PartitionConfig | None = None) -> PolicyContext:
+        """The context of one cut; ``config`` (the call's frozen flags) defaults to the flags."""
+        config = config if config is not None else PartitionConfig.from_flags()
+        return cls(op_types, node_info, options, config.recompute_views,
+                   config.max_dist_from_bw, config.treat_parameters_as_free_to_save)
 
     def is_fusible(self, producer: fx.Node, consumer: fx.Node) -> bool:
         # Memory can be fused into a cat, but a cat cannot produce into a fusion.

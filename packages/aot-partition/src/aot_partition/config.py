@@ -1,0 +1,102 @@
+"""``PartitionConfig``: every flag the partitioner reads, frozen once per partition call.
+
+Each decision of the partitioner is a function of (graph, config). ``PartitionConfig.from_flags``
+reads ``aot_config.functorch`` once, at the start of a call, so a patch made by another thread,
+or one that ends half-way through a partition, cannot change a decision in the middle of it. A
+caller that does not use aot_config builds one directly (every field has the flag's default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .flags import read_flag
+
+__all__ = ["MinCutOptions", "PartitionConfig"]
+
+
+@dataclass(frozen=True)
+class MinCutOptions:
+    """Which ban heuristics are on (torch's names)."""
+
+    ban_if_used_far_apart: bool = True
+    ban_if_long_fusible_chains: bool = True
+    ban_if_materialized_backward: bool = True
+    ban_if_not_in_allowlist: bool = True
+    ban_if_reduction: bool = True
+
+    @classmethod
+    def from_flags(cls) -> MinCutOptions:
+        """Options from ``aot_config.functorch``; aggressive_recomputation turns four off."""
+        return cls._from(read_flag)
+
+    @classmethod
+    def _from(cls, read: Any) -> MinCutOptions:
+        options = cls(
+            ban_if_used_far_apart=bool(read("ban_recompute_used_far_apart")),
+            ban_if_long_fusible_chains=bool(read("ban_recompute_long_fusible_chains")),
+            ban_if_materialized_backward=bool(read("ban_recompute_materialized_backward")),
+            ban_if_not_in_allowlist=bool(read("ban_recompute_not_in_allowlist")),
+            ban_if_reduction=bool(read("ban_recompute_reductions")),
+        )
+        if read("aggressive_recomputation"):
+            options = replace(options, ban_if_used_far_apart=False,
+                              ban_if_long_fusible_chains=False,
+                              ban_if_materialized_backward=False,
+                              ban_if_not_in_allowlist=False)
+        return options
+
+
+# PartitionConfig field -> the aot_config.functorch flag it is read from.
+_FLAG_OF_FIELD = {
+    "recompute_views": "recompute_views",
+    "max_dist_from_bw": "max_dist_from_bw",
+    "treat_parameters_as_free_to_save": "treat_parameters_as_free_to_save",
+    "cse": "cse",
+    "min_cut_solver": "min_cut_solver",
+    "memory_budget": "activation_memory_budget",
+    "memory_budget_bytes": "activation_memory_budget_bytes",
+    "peak_bytes": "activation_memory_peak_bytes",
+    "budget_solver": "activation_memory_budget_solver",
+    "runtime_estimator": "activation_memory_budget_runtime_estimator",
+    "debug": "debug_partitioner",
+    "visualize_pareto": "visualize_memory_budget_pareto",
+    "graph_format": "torch_compile_graph_format",
+}
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """The partitioner's settings for one call; defaults are the flags' defaults."""
+
+    options: MinCutOptions = field(default_factory=MinCutOptions)
+    recompute_views: bool = False
+    max_dist_from_bw: int = 1000
+    treat_parameters_as_free_to_save: bool = True
+    cse: bool = True
+    min_cut_solver: str = "scipy"
+    memory_budget: float = 1.0
+    memory_budget_bytes: int | None = None
+    peak_bytes: int | None = None
+    budget_solver: str = "dp"
+    runtime_estimator: str = "flops"
+    debug: bool = False
+    visualize_pareto: bool = False
+    graph_format: str = "svg"
+
+    @classmethod
+    def from_flags(cls, **overrides: Any) -> PartitionConfig:
+        """The current ``aot_config.functorch`` flags (this thread's patches included), with
+        ``overrides`` (field names) on top; an unknown override raises TypeError."""
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"PartitionConfig has no field {unknown[0]!r}; valid: "
+                            f"{', '.join(f.name for f in fields(cls))}")
+        values: dict[str, Any] = {name: read_flag(flag) for name, flag in _FLAG_OF_FIELD.items()}
+        values["options"] = MinCutOptions.from_flags()
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> PartitionConfig:
+        return replace(self, **changes)
