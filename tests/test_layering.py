@@ -138,13 +138,13 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # the joint prepared for partitioning (checks + passes, undone afterwards)
     ("prepare",),
     # per-node classification, policy, flow network, min-cut solve; forward/backward cutting
-    ("classify", "extract", "policy", "mincut", "mincut_scipy", "network", "solve"),
+    ("classify", "extract", "policy", "mincut", "mincut_scipy", "core", "network", "solve"),
     # on arrays: knapsack solvers, runtime estimates, the whole-graph MILP
-    ("knapsack", "estimators", "ilp_graph"),
+    ("knapsack", "estimators", "roofline", "ilp_graph", "memory"),
     # the memory-budget search
     ("budget",),
     # data only: the partition report; pictures
-    ("report", "draw"),
+    ("report", "draw", "memory_plot"),
     # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)
     ("pareto",),
     # composition: the two partition functions and explain_partition

@@ -38,7 +38,10 @@ FUNCTORCH_SEED = {
     "enable_autograd_cache": False,
     "strict_autograd_cache": False,
 }
-FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save": False}
+# treat_parameters_as_free_to_save: True as in torch 2.13 (the seed had False); the byte budgets
+# are ours (issue 16).
+FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save": True,
+                    "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None}
 
 # torch/_dynamo/config.py (seed 001), without the values that depend on the machine.
 DYNAMO_SEED = {

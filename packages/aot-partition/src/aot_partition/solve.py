@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from .classify import NodeInfo, OpTypes, default_op_types
+from .config import PartitionConfig
 from .errors import InfeasibleMinCutError
-from .flags import read_flag
 from .mincut import MinCut, MinCutSolver, get_solver, infinite_path
 from .network import BuiltNetwork, NetworkMemo, build_network
 from .policy import MinCutOptions, PolicyContext
@@ -29,12 +29,12 @@ class MinCutSolution:
     solver: str
 
 
-def selected_solver() -> tuple[str, MinCutSolver]:
-    """The solver named by the ``min_cut_solver`` flag.
+def selected_solver(name: str | None = None) -> tuple[str, MinCutSolver]:
+    """The solver ``name`` (default: the ``min_cut_solver`` flag).
 
     "scipy" falls back to networkx, silently, only while its module is not installed.
     """
-    name = str(read_flag("min_cut_solver"))
+    name = name if name is not None else PartitionConfig.from_flags().min_cut_solver
     try:
         return name, get_solver(name)
     except ModuleNotFoundError as exc:
@@ -58,12 +58,15 @@ def solve_min_cut(
     node_info: NodeInfo,
     min_cut_options: MinCutOptions,
     dont_ban: set[fx.Node] | None = None,
+    *,
+    config: PartitionConfig | None = None,
 ) -> tuple[list[fx.Node], list[fx.Node]]:
     """(saved_values, banned_nodes) of the cheapest cut under ``min_cut_options``.
 
     ``dont_ban``: nodes whose bans are lifted (the memory-budget search recomputes them).
     """
-    solution = solve_min_cut_detailed(joint_graph, node_info, min_cut_options, dont_ban)
+    solution = solve_min_cut_detailed(joint_graph, node_info, min_cut_options, dont_ban,
+                                      config=config)
     return solution.saved_values, list(solution.banned)
 
 
@@ -74,19 +77,23 @@ def solve_min_cut_detailed(
     dont_ban: set[fx.Node] | None = None,
     op_types: OpTypes | None = None,
     memo: NetworkMemo | None = None,
+    *,
+    config: PartitionConfig | None = None,
 ) -> MinCutSolution:
     """Like solve_min_cut, with the reasons, the network and the cut for explanations.
 
     ``memo``: per-node results shared by the solves of one partition (see NetworkMemo).
+    ``config``: the call's frozen flags (default: read the flags now).
     """
-    ctx = PolicyContext.create(op_types or default_op_types(), node_info, min_cut_options)
-    if read_flag("debug_partitioner"):
+    config = config if config is not None else PartitionConfig.from_flags()
+    ctx = PolicyContext.create(op_types or default_op_types(), node_info, min_cut_options, config)
+    if config.debug:
         print_banned_ops(joint_graph, ctx.op_types)
     built = build_network(joint_graph, ctx, dont_ban, memo)
     path = infinite_path(built.network)
     if path is not None:
         _raise_infeasible(built, path)
-    solver_name, solver = selected_solver()
+    solver_name, solver = selected_solver(config.min_cut_solver)
     cut = solver(built.network)
     if cut.value == float("inf"):
         raise AssertionError(f"solver {solver_name!r} found no finite cut on a feasible network")
