@@ -91,8 +91,8 @@ def _alternative_value(flag: Flag, current: Any) -> Any:
         return current / 2 if current else 0.5
     if isinstance(current, str):
         return current + "_other"
-    if current is None:
-        return "other"
+    if current is None:  # an optional flag: a value of its declared type
+        return next(value for value in ("other", 1024) if matches_type(value, flag.type))
     if isinstance(current, set):
         for member in ("member", _Sample, sample_function):
             if matches_type({member}, flag.type):

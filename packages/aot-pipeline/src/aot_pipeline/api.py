@@ -79,15 +79,16 @@ class CompiledModel:
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
-    model: nn.Module | Callable[..., Any], *, memory_budget: float = 1.0, solver: str = "dp",
+    model: nn.Module | Callable[..., Any], *, memory_budget: float | str = 1.0,
+    solver: str = "dp",
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
     mode: str | None = None, options: dict[str, Any] | None = None,
     record_partitions: bool = True,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
-    ``memory_budget`` in [0, 1] is the fraction of activations the forward may save
-    (``solver`` picks the knapsack solver: dp, greedy, ilp, ilp_graph, dp_graph); ``compiler``
+    ``memory_budget`` in [0, 1] is the fraction of activations the forward may save, or a
+    size such as ``"300MiB"``: a cap on the saved activation bytes (``solver`` picks the knapsack solver: dp, greedy, ilp, ilp_graph, dp_graph); ``compiler``
     compiles forward and backward (inductor, nop, debug_nop, print_compile, ts_compile);
     ``compiled_autograd`` runs ``CompiledModel.backward`` through our compiled autograd;
     ``dynamic`` is torch.compile's. ``mode`` ("default", "reduce-overhead", "max-autotune",

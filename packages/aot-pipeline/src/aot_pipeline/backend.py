@@ -46,6 +46,7 @@ def default_options() -> PipelineOptions:
     return PipelineOptions(
         memory_budget=float(functorch_flags.activation_memory_budget),
         solver=str(functorch_flags.activation_memory_budget_solver),
+        memory_budget_bytes=functorch_flags.activation_memory_budget_bytes,
     )
 
 
@@ -59,13 +60,14 @@ def make_partition_fn(options: PipelineOptions,
         from aot_partition import min_cut_rematerialization_partition
 
         with functorch_flags.patch(activation_memory_budget=options.memory_budget,
+                                   activation_memory_budget_bytes=options.memory_budget_bytes,
                                    activation_memory_budget_solver=options.solver):
             forward, backward = min_cut_rematerialization_partition(
                 joint_module, joint_inputs, **kwargs)
         if recorder is not None:
             recorder.record_forward(forward, backward, kwargs.get("num_fwd_outputs"))
-        log.debug("partitioned a joint graph (budget %s, solver %s)",
-                  options.memory_budget, options.solver)
+        log.debug("partitioned a joint graph (budget %s, %s bytes, solver %s)",
+                  options.memory_budget, options.memory_budget_bytes, options.solver)
         return forward, backward
 
     return partition
@@ -88,7 +90,8 @@ def _sources_digest() -> str:
     return digest.hexdigest()
 
 
-def partitioner_cache_key(memory_budget: float, solver: str) -> tuple[str, ...]:
+def partitioner_cache_key(memory_budget: float, solver: str,
+                          memory_budget_bytes: int | None = None) -> tuple[str, ...]:
     """What decides how our partitioner splits a joint graph, for Inductor's and AOTAutograd's
     cache keys: our sources, the budget and solver, and the hash of every compile-relevant
     ``aot_config.functorch`` flag as the partitioner will see them (budget and solver patched
@@ -96,17 +99,19 @@ def partitioner_cache_key(memory_budget: float, solver: str) -> tuple[str, ...]:
     from aot_config import functorch as functorch_flags
 
     with functorch_flags.patch(activation_memory_budget=memory_budget,
+                               activation_memory_budget_bytes=memory_budget_bytes,
                                activation_memory_budget_solver=solver):
         flags_hash = functorch_flags.get_hash().hex()
-    return ("aot_pipeline", _sources_digest(), repr(float(memory_budget)), solver, flags_hash)
+    return ("aot_pipeline", _sources_digest(), repr(float(memory_budget)), solver,
+            repr(memory_budget_bytes), flags_hash)
 
 
-def _restore_partitioner(memory_budget: float, solver: str,
-                         key_when_pickled: object) -> AotPipelinePartitioner:
+def _restore_partitioner(memory_budget: float, solver: str, key_when_pickled: object,
+                         memory_budget_bytes: int | None = None) -> AotPipelinePartitioner:
     # The key rides in the pickle only so that a cache hashing the pickled config covers it;
     # a restored partitioner computes its own from the flags of the process it lands in.
     del key_when_pickled
-    return AotPipelinePartitioner(memory_budget, solver)
+    return AotPipelinePartitioner(memory_budget, solver, memory_budget_bytes=memory_budget_bytes)
 
 
 class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore[misc]
@@ -119,13 +124,16 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
     """
 
     def __init__(self, memory_budget: float, solver: str,
-                 recorder: PartitionRecorder | None = None) -> None:
+                 recorder: PartitionRecorder | None = None, *,
+                 memory_budget_bytes: int | None = None) -> None:
         self.memory_budget = memory_budget
+        self.memory_budget_bytes = memory_budget_bytes
         self.solver = solver
         self.recorder = recorder
-        self._key = partitioner_cache_key(memory_budget, solver)
+        self._key = partitioner_cache_key(memory_budget, solver, memory_budget_bytes)
         self._partition = make_partition_fn(
-            PipelineOptions(memory_budget=memory_budget, solver=solver), recorder)
+            PipelineOptions(memory_budget=memory_budget, solver=solver,
+                            memory_budget_bytes=memory_budget_bytes), recorder)
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object],
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -135,10 +143,14 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
         return self._key
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore_partitioner, (self.memory_budget, self.solver, self._key))
+        return (_restore_partitioner,
+                (self.memory_budget, self.solver, self._key, self.memory_budget_bytes))
 
     def __repr__(self) -> str:
-        return f"AotPipelinePartitioner(memory_budget={self.memory_budget}, solver={self.solver!r})"
+        nbytes = (f", memory_budget_bytes={self.memory_budget_bytes}"
+                  if self.memory_budget_bytes is not None else "")
+        return (f"AotPipelinePartitioner(memory_budget={self.memory_budget}{nbytes}, "
+                f"solver={self.solver!r})")
 
 
 def inductor_config_patches(options: PipelineOptions) -> dict[str, Any]:
@@ -208,8 +220,9 @@ def _inductor_backend(options: PipelineOptions,
         config_patches = {
             **patches,
             # A new one per graph: its cache key reads the flags as they are now.
-            "custom_partitioner_fn": AotPipelinePartitioner(options.memory_budget,
-                                                            options.solver, recorder),
+            "custom_partitioner_fn": AotPipelinePartitioner(
+                options.memory_budget, options.solver, recorder,
+                memory_budget_bytes=options.memory_budget_bytes),
         }
         if recorder is not None and recorder.bypass_caches:
             # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .model_names import MODEL_NAMES, VARIANTS
-from .options import COMPILERS, SOLVERS, PipelineOptionError, validate_memory_budget
+from .options import (
+    COMPILERS,
+    SOLVERS,
+    PipelineOptionError,
+    parse_memory_budget,
+    validate_memory_budget,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,15 @@ def _budget(text: str) -> float:
         return validate_memory_budget(value)
     except PipelineOptionError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _budget_or_size(text: str) -> float | str:
+    """A fraction in [0, 1] ("0.5") or a byte cap with a unit ("300MiB"), checked here."""
+    try:
+        fraction, nbytes = parse_memory_budget(text)
+    except PipelineOptionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text.strip() if nbytes is not None else fraction
 
 
 def _whole_number(text: str, maximum: int) -> int:
@@ -135,8 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(train, 2)
     train.add_argument("--steps", type=_steps, default=10,
                        help=f"SGD steps, 1 to {MAX_STEPS} (default 10)")
-    train.add_argument("--memory-budget", type=_budget, default=1.0,
-                       help="activation memory budget in [0, 1] (default 1.0)")
+    train.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
+                       help="activation memory budget: a fraction in [0, 1] (default 1.0) or "
+                            "a cap on saved activation bytes such as 300MiB")
     train.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
     train.add_argument("--compiler", choices=COMPILERS, default="inductor",
                        help="compiler for our forward and backward (default inductor)")
@@ -161,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     partition = commands.add_parser(
         "partition", help="show which activations are saved or recomputed, and why")
     model_args(partition, 1)
-    partition.add_argument("--memory-budget", type=_budget, default=1.0,
-                           help="activation memory budget in [0, 1] (default 1.0)")
+    partition.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
+                           help="activation memory budget: a fraction in [0, 1] (default 1.0) "
+                                "or a cap on saved activation bytes such as 300MiB")
     partition.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
     return parser
 
@@ -246,12 +263,17 @@ def _partition(args: argparse.Namespace) -> int:
 
     from .report import format_bytes, format_table
 
+    fraction, nbytes = (parse_memory_budget(args.memory_budget)
+                        if isinstance(args.memory_budget, str) else (args.memory_budget, None))
     joint = _joint(args)
-    with functorch_flags.patch(activation_memory_budget_solver=args.solver):
+    with functorch_flags.patch(activation_memory_budget_solver=args.solver,
+                               activation_memory_budget_bytes=nbytes):
         report = explain_partition(joint.module, joint.inputs,
                                    num_fwd_outputs=joint.num_fwd_outputs,
-                                   memory_budget=args.memory_budget)
-    print(f"{args.model} ({args.layers} layers), memory budget {report.memory_budget} "
+                                   memory_budget=fraction)
+    budget = (f"{args.memory_budget} ({nbytes} bytes of saved activations)" if nbytes is not None
+              else str(report.memory_budget))
+    print(f"{args.model} ({args.layers} layers), memory budget {budget} "
           f"(knapsack solver {args.solver}; decided by {report.solver}): {len(report.saved)} saved "
           f"({format_bytes(report.saved_bytes)}), {len(report.recomputed)} recomputed")
     for title, decisions in (("saved for backward", report.saved),

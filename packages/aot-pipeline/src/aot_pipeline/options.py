@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -15,7 +16,13 @@ SOLVERS: tuple[str, ...] = ("dp", "greedy", "ilp", "ilp_graph", "dp_graph")
 COMPILERS: tuple[str, ...] = ("inductor", "nop", "debug_nop", "print_compile", "ts_compile")
 # Our own option names, in ``torch.compile(..., options=...)`` next to Inductor config keys.
 PIPELINE_OPTION_NAMES: tuple[str, ...] = ("compiled_autograd", "compiler", "memory_budget",
-                                          "solver")
+                                          "memory_budget_bytes", "solver")
+# Units of a byte budget ("300MiB", "1.5GB"): SI powers of 1000 and IEC powers of 1024.
+BYTE_UNITS: dict[str, int] = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*$")
 
 
 class PipelineOptionError(ValueError):
@@ -27,8 +34,10 @@ class PipelineOptions:
     """How the ``aot_pipeline`` back end partitions and compiles a graph.
 
     ``memory_budget`` is the fraction of the activations saved at budget 1.0 that the forward
-    may keep for the backward (0.0 recomputes everything that can be recomputed); ``solver``
-    picks the knapsack solver that decides what to recompute under that budget.
+    may keep for the backward (0.0 recomputes everything that can be recomputed), or a size
+    with a unit (``"300MiB"``, ``"2GB"``): a cap on the saved activation bytes, kept in
+    ``memory_budget_bytes`` (which may also be given as an int); ``solver`` picks the knapsack
+    solver that decides what to recompute under that budget.
 
     ``mode`` is ``torch.compile``'s (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``,
     ``"max-autotune-no-cudagraphs"``), turned into Inductor config as ``backend="inductor"``
@@ -37,15 +46,24 @@ class PipelineOptions:
     the back end checks them against the installed torch.
     """
 
-    memory_budget: float = 1.0
+    memory_budget: float | str = 1.0
     solver: str = "dp"
     compiler: str = "inductor"
     compiled_autograd: bool = False
     mode: str | None = None
     inductor_options: tuple[tuple[str, Any], ...] = ()
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.memory_budget, str):
+            fraction, nbytes = parse_memory_budget(self.memory_budget)
+            object.__setattr__(self, "memory_budget", fraction)
+            if nbytes is not None:
+                object.__setattr__(self, "memory_budget_bytes", nbytes)
         validate_memory_budget(self.memory_budget)
+        if self.memory_budget_bytes is not None:
+            object.__setattr__(self, "memory_budget_bytes",
+                               validate_budget_bytes(self.memory_budget_bytes))
         _validate_choice("solver", self.solver, SOLVERS)
         _validate_choice("compiler", self.compiler, COMPILERS)
         if not isinstance(self.compiled_autograd, bool):
@@ -159,6 +177,42 @@ def validate_memory_budget(budget: object) -> float:
             f"0.0 recomputes as much as possible), got {budget}"
         )
     return float(budget)
+
+
+def validate_budget_bytes(nbytes: object) -> int:
+    """``nbytes`` as an int >= 0, or a PipelineOptionError that says what is valid."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise PipelineOptionError(
+            f"memory_budget_bytes must be a whole number of bytes >= 0 (or give memory_budget "
+            f"as a size such as '300MiB'), got {nbytes!r}"
+        )
+    return nbytes
+
+
+def parse_byte_size(text: str) -> int:
+    """``"300MiB"`` -> 314572800: a number and a unit (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB;
+    any case), or a PipelineOptionError naming the units."""
+    match = _SIZE_PATTERN.match(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in BYTE_UNITS:
+        raise PipelineOptionError(
+            f"cannot read {text!r} as a size: write a number and a unit, e.g. '300MiB' or "
+            f"'1.5GB' (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+        )
+    return int(float(match.group(1)) * BYTE_UNITS[unit])
+
+
+def parse_memory_budget(text: str) -> tuple[float, int | None]:
+    """A memory budget as written by a user: ``"0.5"`` -> (0.5, None), a fraction in [0, 1];
+    ``"300MiB"`` -> (1.0, 314572800), a cap on saved activation bytes."""
+    try:
+        return validate_memory_budget(float(text)), None
+    except ValueError as exc:
+        if isinstance(exc, PipelineOptionError):
+            raise PipelineOptionError(
+                f"{exc} (or give a size with a unit, e.g. '300MiB', for a cap in bytes)"
+            ) from None
+    return 1.0, parse_byte_size(text)
 
 
 def _validate_choice(what: str, value: object, valid: tuple[str, ...]) -> None:

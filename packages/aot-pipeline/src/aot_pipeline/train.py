@@ -61,7 +61,7 @@ class TrainSettings:
     model: str = "gpt"
     layers: int = 2
     steps: int = 10
-    memory_budget: float = 1.0
+    memory_budget: float | str = 1.0  # a fraction, or a size such as "300MiB"
     solver: str = "dp"
     compiler: str = "inductor"
     compiled_autograd: bool = False

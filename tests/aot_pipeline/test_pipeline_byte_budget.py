@@ -1,0 +1,127 @@
+"""Memory budgets written in bytes: parsing, options, the CLI and the back end (issue 16)."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+from aot_pipeline.options import (
+    PipelineOptionError,
+    PipelineOptions,
+    parse_byte_size,
+    parse_memory_budget,
+)
+
+SIZE_HELP = ("write a number and a unit, e.g. '300MiB' or '1.5GB' "
+             "(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("300MiB", 300 * 2**20), ("300mib", 300 * 2**20), ("1.5GB", 1_500_000_000),
+    ("64 KiB", 65536), ("0B", 0), ("2e3kB", 2_000_000), ("1TiB", 2**40),
+])
+def test_sizes_with_units_are_bytes(text, expected):
+    assert parse_byte_size(text) == expected
+    assert parse_memory_budget(text) == (1.0, expected)
+
+
+@pytest.mark.parametrize("text", ["0.5", "1", "0", " 0.25 "])
+def test_plain_numbers_are_fractions(text):
+    assert parse_memory_budget(text) == (float(text), None)
+
+
+@pytest.mark.parametrize("text", ["300 furlongs", "MiB", "-1MB", "abc", "1.2.3GB"])
+def test_unreadable_sizes_name_the_units(text):
+    with pytest.raises(PipelineOptionError) as info:
+        parse_memory_budget(text)
+    assert str(info.value) == f"cannot read {text!r} as a size: {SIZE_HELP}"
+
+
+def test_a_number_above_one_without_a_unit_is_not_taken_for_bytes():
+    with pytest.raises(PipelineOptionError, match=r"got 300.0 \(or give a size with a unit, "
+                                                  r"e.g. '300MiB', for a cap in bytes\)"):
+        parse_memory_budget("300")
+
+
+def test_options_accept_a_size_and_keep_it_in_bytes():
+    options = PipelineOptions(memory_budget="300MiB")
+    assert (options.memory_budget, options.memory_budget_bytes) == (1.0, 300 * 2**20)
+    assert PipelineOptions(memory_budget="0.5") == PipelineOptions(memory_budget=0.5)
+    mapped = PipelineOptions.from_mapping({"memory_budget": "1KiB"}, PipelineOptions())
+    assert mapped.memory_budget_bytes == 1024
+    assert PipelineOptions.from_mapping({"memory_budget_bytes": 5}, PipelineOptions()
+                                        ).memory_budget_bytes == 5
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "5", True])
+def test_budget_bytes_must_be_a_whole_number(bad):
+    with pytest.raises(PipelineOptionError, match=r"memory_budget_bytes must be a whole number "
+                                                  r"of bytes >= 0"):
+        PipelineOptions(memory_budget_bytes=bad)
+
+
+def test_the_byte_cap_is_part_of_the_partitioner_cache_key():
+    from aot_pipeline.backend import AotPipelinePartitioner
+
+    plain = AotPipelinePartitioner(1.0, "dp")
+    capped = AotPipelinePartitioner(1.0, "dp", memory_budget_bytes=4096)
+    assert plain.uuid() != capped.uuid()
+    restored = pickle.loads(pickle.dumps(capped))
+    assert restored.memory_budget_bytes == 4096 and restored.uuid() == capped.uuid()
+    assert repr(capped) == ("AotPipelinePartitioner(memory_budget=1.0, memory_budget_bytes=4096, "
+                            "solver='dp')")
+
+
+def test_cli_checks_a_size_before_importing_torch():
+    import json
+
+    probe = ("import json, sys; from aot_pipeline.cli import main; code = main(sys.argv[1:]); "
+             "print(json.dumps([code, 'torch' in sys.modules]))")
+    result = subprocess.run([sys.executable, "-c", probe, "partition", "--memory-budget",
+                             "300 furlongs"], capture_output=True, text=True, timeout=60)
+    assert json.loads(result.stdout) == [2, False]
+    assert result.stderr.strip() == ("aot-pipeline: error: argument --memory-budget: cannot read "
+                                     f"'300 furlongs' as a size: {SIZE_HELP}")
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(32, 128)
+        self.down = torch.nn.Linear(128, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)).sin())
+
+
+def _saved_bytes_and_grads(budget: float | str) -> tuple[int, list[torch.Tensor], torch.Tensor]:
+    import aot_pipeline
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(), _Block())
+    compiled = aot_pipeline.compile(model, memory_budget=budget, compiler="nop")
+    x = torch.randn(64, 32)
+    loss = compiled(x).square().mean()
+    loss.backward()
+    saved = sum(p.saved_bytes for p in compiled.partitions)
+    return saved, [p.grad.clone() for p in model.parameters()], loss.detach()
+
+
+def test_a_byte_budget_caps_saved_bytes_through_the_pipeline_and_matches_eager():
+    optimal, _, _ = _saved_bytes_and_grads(1.0)
+    ample, _, _ = _saved_bytes_and_grads(f"{optimal}B")
+    assert ample == optimal  # an ample cap must not change the runtime-optimal answer
+    cap = optimal // 2
+    capped, grads, loss = _saved_bytes_and_grads(f"{cap}B")
+    assert capped <= cap < optimal
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(_Block(), _Block())
+    eager_loss = eager(torch.randn(64, 32)).square().mean()
+    eager_loss.backward()
+    torch.testing.assert_close(loss, eager_loss.detach())
+    for got, (name, param) in zip(grads, eager.named_parameters(), strict=True):
+        torch.testing.assert_close(got, param.grad, msg=name)
