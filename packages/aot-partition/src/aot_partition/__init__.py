@@ -1,7 +1,8 @@
 """aot_partition: forward/backward partitioners for AOTAutograd joint graphs.
 
 ``default_partition`` and ``min_cut_rematerialization_partition`` have torch's partition_fn
-signature. Flags come from ``aot_config.functorch``. The optional extras (pydot for
+signature. Flags come from ``aot_config.functorch``, read once per call into a
+``PartitionConfig`` (or pass ``config=``). The optional extras (pydot for
 ``draw_graph``, matplotlib for Pareto plots) are imported only when a picture is drawn.
 """
 
@@ -9,13 +10,25 @@ from __future__ import annotations
 
 from . import knapsack
 from .classify import NodeInfo, OpTypes, classify, default_op_types
+from .config import PartitionConfig
 from .draw import draw_graph
 from .errors import (
     GraphCycleError,
     InfeasibleMinCutError,
     MissingMetadataError,
     PartitionError,
+    UnreachableMemoryBudgetError,
 )
+from .memory import (
+    LiveBuffer,
+    MeasuredMemory,
+    MemoryStep,
+    MemoryTimeline,
+    measure_partition,
+    simulate_joint,
+    simulate_partition,
+)
+from .memory_plot import write_memory_timeline_png
 from .mincut import FlowNetwork, MinCut, get_solver
 from .pareto import memory_budget_pareto
 from .partitioners import (
@@ -32,14 +45,20 @@ __all__ = [
     "FlowNetwork",
     "GraphCycleError",
     "InfeasibleMinCutError",
+    "LiveBuffer",
+    "MeasuredMemory",
+    "MemoryStep",
+    "MemoryTimeline",
     "MinCut",
     "MinCutOptions",
     "MissingMetadataError",
     "NodeDecision",
     "NodeInfo",
     "OpTypes",
+    "PartitionConfig",
     "PartitionError",
     "PartitionReport",
+    "UnreachableMemoryBudgetError",
     "classify",
     "default_op_types",
     "default_partition",
@@ -47,9 +66,13 @@ __all__ = [
     "explain_partition",
     "get_solver",
     "knapsack",
+    "measure_partition",
     "memory_budget_pareto",
     "min_cut_rematerialization_partition",
     "node_nbytes",
     "saved_activation_bytes",
+    "simulate_joint",
+    "simulate_partition",
     "solve_min_cut",
+    "write_memory_timeline_png",
 ]

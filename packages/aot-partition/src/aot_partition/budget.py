@@ -14,15 +14,22 @@ The solver is the flag ``activation_memory_budget_solver`` (``BUDGET_SOLVERS``, 
 the names): a knapsack solver of knapsack.py, "dp_graph" (the DP, then a check that accounts
 for what recomputing needs; see graph_aware_knapsack) or "ilp_graph" (the whole
 save-or-recompute problem as one MILP, with no more saved bytes than the "dp" answer; see
-ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``.
+ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``. Both are
+read from the call's ``PartitionConfig`` (``BudgetSearch.prepare(..., config=)``).
 ``validate_memory_budget`` is the one check of a budget value.
+
+A budget in bytes (``activation_memory_budget_bytes``, ``BudgetSearch.within_bytes``) picks one
+of a fixed set of candidate cuts (``cut_candidates``: the runtime-optimal cut and the cuts at
+the fractions of ``BYTE_BUDGET_FRACTIONS``) with ``choose_candidate``; the measure compared
+with the cap is a function of a candidate (``activation_bytes`` by default).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -31,11 +38,12 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .classify import FAR_FROM_BACKWARD, NodeInfo
+from .config import PartitionConfig
+from .errors import UnreachableMemoryBudgetError
 from .estimators import check_estimator, estimate_runtime
-from .extract import used_backward_inputs
-from .flags import read_flag
+from .extract import backward_live_nodes, used_backward_inputs
 from .ilp_graph import SaveOrRecompute, solve_save_or_recompute
-from .joint import is_bwd_seed_offset, is_random, is_tangent
+from .joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
 from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
 from .network import NetworkMemo
 from .passes.rng import device_of, rng_state_nbytes
@@ -47,9 +55,14 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "BUDGET_SOLVERS",
+    "BYTE_BUDGET_FRACTIONS",
     "BudgetSearch",
+    "CutCandidate",
+    "activation_bytes",
+    "choose_candidate",
     "choose_saved_values_set",
     "validate_memory_budget",
+    "validate_memory_budget_bytes",
 ]
 
 # Budget solvers that look at the graph, not only at the knapsack items.
@@ -68,8 +81,14 @@ def validate_memory_budget(memory_budget: float) -> float:
     return float(memory_budget)
 
 
-def _budget_solver(name: str | None) -> str:
-    name = name if name is not None else str(read_flag("activation_memory_budget_solver"))
+def validate_memory_budget_bytes(cap: int) -> int:
+    """``cap`` as an int; ValueError unless it is a whole number of bytes, 0 or more."""
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise ValueError(f"activation memory budget in bytes must be an int >= 0; got {cap!r}")
+    return cap
+
+
+def _budget_solver(name: str) -> str:
     if name not in BUDGET_SOLVERS:
         raise ValueError(f"Unknown memory-budget solver {name!r}; valid: "
                          f"{', '.join(BUDGET_SOLVERS)} (flag activation_memory_budget_solver)")
@@ -123,6 +142,7 @@ class BudgetSearch:
     estimator: str
     options: MinCutOptions
     runtime_optimal: list[fx.Node]
+    config: PartitionConfig = field(default_factory=PartitionConfig)  # the call's settings
     # Per-node network results shared by every cut of this search (see network.NetworkMemo).
     memo: NetworkMemo = field(default_factory=NetworkMemo, repr=False)
     min_bytes: int = 0
@@ -138,13 +158,19 @@ class BudgetSearch:
     runtimes: list[float] = field(default_factory=list)
     # Every cut made, by its saved set: the partition report explains the chosen one.
     solutions: dict[frozenset[fx.Node], MinCutSolution] = field(default_factory=dict)
+    # The options each of those cuts was made under (the report names their active rules).
+    options_of: dict[frozenset[fx.Node], MinCutOptions] = field(default_factory=dict)
+    # The byte budget's candidate cuts (``cut_candidates``), built on first use.
+    _cut_candidates: list[CutCandidate] | None = field(default=None, repr=False)
 
     def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
               ) -> tuple[list[fx.Node], list[fx.Node]]:
         """``solve_min_cut`` that remembers the cut's solution (its bans and their reasons)."""
         solution = solve_min_cut_detailed(self.joint_graph, self.node_info, options, dont_ban,
-                                          memo=self.memo)
-        self.solutions[frozenset(solution.saved_values)] = solution
+                                          memo=self.memo, config=self.config)
+        key = frozenset(solution.saved_values)
+        self.solutions[key] = solution
+        self.options_of.setdefault(key, options)
         return solution.saved_values, list(solution.banned)
 
     def solution_for(self, saved: list[fx.Node]) -> MinCutSolution | None:
@@ -153,12 +179,16 @@ class BudgetSearch:
 
     @classmethod
     def prepare(cls, joint_graph: fx.Graph, node_info: NodeInfo, *, solver: str | None = None,
-                estimator: str | None = None) -> BudgetSearch:
-        solver = _budget_solver(solver)
-        estimator = check_estimator(estimator)
-        options = MinCutOptions.from_flags()
-        search = cls(joint_graph, node_info, solver, estimator, options, [])
-        search.runtime_optimal, _ = search.solve(options)
+                estimator: str | None = None, config: PartitionConfig | None = None
+                ) -> BudgetSearch:
+        """The search under ``config`` (default: the flags now); ``solver`` and ``estimator``
+        override its ``budget_solver`` and ``runtime_estimator``."""
+        config = config if config is not None else PartitionConfig.from_flags()
+        solver = _budget_solver(solver if solver is not None else config.budget_solver)
+        estimator = check_estimator(estimator if estimator is not None
+                                    else config.runtime_estimator)
+        search = cls(joint_graph, node_info, solver, estimator, config.options, [], config)
+        search.runtime_optimal, _ = search.solve(search.options)
         runtime_optimal = search.runtime_optimal
         search.min_bytes = _activation_bytes(node_info.inputs)
         search.max_bytes = _activation_bytes(runtime_optimal)
@@ -235,6 +265,57 @@ class BudgetSearch:
                                            max_bytes=_activation_bytes(reference))
             return found if found is not None else (reference, reference_runtime)
         return self._escalation_or_knapsack(memory_budget, self.solver)
+
+    def candidate(self, saved: Sequence[fx.Node], label: str, rank: int) -> CutCandidate:
+        """``saved`` as a byte-budget candidate: what the backward reads and recomputes."""
+        backward_inputs = [n for n in self.joint_graph.find_nodes(op="placeholder")
+                           if is_tangent(n) or is_bwd_seed_offset(n)]
+        live = backward_live_nodes(self.joint_graph, [*saved, *backward_inputs],
+                                   self.node_info.bw_outputs)
+        kept = set(saved)
+        recomputed = frozenset(n for n in live
+                               if n in self.node_info.required_fw and n not in kept)
+        return CutCandidate(label, rank, tuple(saved), tuple(n for n in saved if n in live),
+                            recomputed)
+
+    def cut_candidates(self) -> list[CutCandidate]:
+        """The byte budget's candidates, best first among equals (cached): the runtime-optimal
+        cut, the cut at each fraction of ``BYTE_BUDGET_FRACTIONS`` (high to low) and the
+        inputs alone; a cut found twice keeps its first place. None depends on a cap."""
+        if self._cut_candidates is not None:
+            return self._cut_candidates
+        found: dict[frozenset[fx.Node], tuple[list[fx.Node], str]] = {}
+        found[frozenset(self.runtime_optimal)] = (list(self.runtime_optimal), "runtime-optimal")
+        for fraction in BYTE_BUDGET_FRACTIONS:
+            saved = self.saved_values(fraction)[0]
+            label = "recompute everything" if fraction == 0 else f"budget {fraction:g}"
+            found.setdefault(frozenset(saved), (saved, label))
+        inputs = list(self.node_info.inputs)
+        found.setdefault(frozenset(inputs), (inputs, "inputs only"))
+        made = [self.candidate(saved, label, rank)
+                for rank, (saved, label) in enumerate(found.values())]
+        self._all_runtimes()  # the knapsack items, whose recompute the runtime counts
+        baseline = made[0].recomputed
+        runtime_of = dict(zip(self.candidates, self.runtimes))
+        self._cut_candidates = [
+            replace(c, runtime=float(sum(runtime_of.get(n, 0.0)
+                                         for n in c.recomputed - baseline)))
+            for c in made]
+        return self._cut_candidates
+
+    def within_bytes(self, cap: int, measure: Measure | None = None) -> CutCandidate:
+        """The cut to take under a cap on ``measure`` (default ``activation_bytes``).
+
+        The runtime-optimal cut comes first among all candidates, so when it fits no other
+        cut is made: an ample cap costs nothing. See ``choose_candidate``.
+        """
+        cap = validate_memory_budget_bytes(cap)
+        if measure is None:
+            measure = functools.partial(activation_bytes, self)
+        top = self.candidate(self.runtime_optimal, "runtime-optimal", 0)
+        if measure(top) <= cap:
+            return top
+        return choose_candidate(self.cut_candidates(), cap, measure)
 
     def _recompute_everything(self) -> list[fx.Node]:
         """The least memory: the inputs alone (the seed's answer) or the min-cut with every
@@ -334,7 +415,77 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
 
 
 def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
-                            memory_budget: float) -> list[fx.Node]:
+                            memory_budget: float, *, config: PartitionConfig | None = None
+                            ) -> list[fx.Node]:
     """The values to save under ``memory_budget`` (0.0 to 1.0; see module doc)."""
     memory_budget = validate_memory_budget(memory_budget)
-    return BudgetSearch.prepare(joint_graph, node_info).saved_values(memory_budget)[0]
+    search = BudgetSearch.prepare(joint_graph, node_info, config=config)
+    return search.saved_values(memory_budget)[0]
+
+
+
+# ---- the budget in bytes ----------------------------------------------------------------------
+
+# Fractions whose cuts are the byte budget's candidates (1, 31/32, ..., 1/32, 0). Fixed, so
+# every cap chooses from one set: a lower cap never saves more (see choose_candidate).
+BYTE_BUDGET_FRACTIONS = tuple(i / 32 for i in range(32, -1, -1))
+
+
+@dataclass(frozen=True)
+class CutCandidate:
+    """One cut a byte budget may choose: what it saves, and what the backward then does."""
+
+    label: str                        # "runtime-optimal", "budget 0.5", "inputs only", ...
+    rank: int                         # place in the search's order; 0: the runtime-optimal cut
+    saved: tuple[fx.Node, ...]        # the saved set as the search chose it
+    read: tuple[fx.Node, ...]         # of those, what the backward reads (what is kept)
+    recomputed: frozenset[fx.Node]    # forward nodes the backward computes again
+    # Estimated runtime of the knapsack items (nodes banned even under aggressive options)
+    # this cut recomputes and the runtime-optimal cut does not; 0 for the runtime-optimal cut.
+    runtime: float = 0.0
+
+
+Measure = Callable[[CutCandidate], int]
+
+
+def activation_bytes(search: BudgetSearch, candidate: CutCandidate) -> int:
+    """The bytes the byte budget caps: what the forward would save for the backward.
+
+    Counted: every saved tensor the backward reads (``candidate.read``: extraction drops the
+    rest) and one RNG state per random op the backward recomputes (replayed on the forward's
+    state, which is saved too). Not counted: symbolic scalars, backward state, and, with
+    ``treat_parameters_as_free_to_save``, static-lifetime inputs (parameters and buffers:
+    alive anyway). This equals the partition's ``saved_activation_bytes`` of the forward less
+    those static inputs.
+    """
+    free = (search.node_info.static_lifetime_inputs
+            if search.config.treat_parameters_as_free_to_save else set())
+    tensors = sum(node_nbytes(n) for n in candidate.read
+                  if isinstance(n.meta.get("val"), torch.Tensor) and n not in free
+                  and not is_backward_state(n))
+    states = sum(rng_state_nbytes(device_of(n).type)
+                 for n in candidate.recomputed if is_random(n))
+    return tensors + states
+
+
+def choose_candidate(candidates: Sequence[CutCandidate], cap: int, measure: Measure, *,
+                     what: str = "activation memory budget", verb: str = "save"
+                     ) -> CutCandidate:
+    """The candidate to take under ``cap``: among those whose ``measure`` is at most ``cap``,
+    the runtime-optimal cut (rank 0) when it fits, else the least runtime, then the smaller
+    measure, then the lower rank.
+
+    The runtime-optimal cut comes first whatever its estimate: its bans are the heuristics'
+    judgement of what is slow to recompute, which the runtime estimate does not see (the
+    escalation cuts lift those bans at an estimated runtime of 0). The candidates and their order do not depend on the cap, so the rule is monotone by
+    construction: if the answer under a higher cap still fits a lower one it stays the answer,
+    and otherwise the new answer measures at most the lower cap, below the old one. When
+    nothing fits, UnreachableMemoryBudgetError names the cap and the least reachable measure
+    (``what`` and ``verb`` word it).
+    """
+    measured = [(c, measure(c)) for c in candidates]
+    fitting = [(c.rank != 0, c.runtime, m, c.rank, c) for c, m in measured if m <= cap]
+    if not fitting:
+        least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
+        raise UnreachableMemoryBudgetError(what, cap, amount, least.label, verb)
+    return min(fitting, key=lambda t: t[:4])[4]

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch.fx as fx
 
-from .flags import read_flag
+from .config import PartitionConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +40,12 @@ def _require(module: str, extra: str, what: str):
 
 def draw_graph(graph_module: fx.GraphModule, file_name: str, figname: str = "fx_graph",
                clear_meta: bool = True, prog: str | list[str] | None = None,
-               parse_stack_trace: bool = False, dot_graph_shape: str | None = None) -> str:
-    """Write ``graph_module`` as a picture; the extension picks the format (default: the flag
-    ``torch_compile_graph_format``). ``.raw`` writes dot source without needing graphviz; other
-    formats run graphviz's ``dot`` (or ``prog``). Returns the path written."""
+               parse_stack_trace: bool = False, dot_graph_shape: str | None = None,
+               graph_format: str | None = None) -> str:
+    """Write ``graph_module`` as a picture; the extension picks the format (without one:
+    ``graph_format``, default the flag ``torch_compile_graph_format`` read now). ``.raw``
+    writes dot source without needing graphviz; other formats run graphviz's ``dot`` (or
+    ``prog``). Returns the path written."""
     _require("pydot", "draw", "draw_graph")
     from torch.fx.passes.graph_drawer import FxGraphDrawer
 
@@ -54,10 +56,9 @@ def draw_graph(graph_module: fx.GraphModule, file_name: str, figname: str = "fx_
             node.meta = {}
     base, ext = os.path.splitext(file_name)
     if not ext:
-        try:
-            ext = "." + str(read_flag("torch_compile_graph_format"))
-        except (AttributeError, KeyError):
-            ext = ".svg"
+        if graph_format is None:
+            graph_format = PartitionConfig.from_flags().graph_format
+        ext = "." + graph_format
     dot = FxGraphDrawer(graph_module, figname, parse_stack_trace=parse_stack_trace,
                         dot_graph_shape=dot_graph_shape).get_main_dot_graph()
     fmt = ext.lstrip(".")

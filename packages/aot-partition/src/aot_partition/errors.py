@@ -52,3 +52,18 @@ class GraphCycleError(PartitionError):
             f"{what} (node '{node_name}' reads '{input_name}', which comes after it). A "
             "joint graph must be acyclic, each node after its inputs, as fx traces it."
         )
+
+
+class UnreachableMemoryBudgetError(ValueError):
+    """No candidate cut fits a memory cap given in bytes (``activation_memory_budget_bytes``).
+
+    A ValueError: the cap asked for is the bad value; the message names the least reachable.
+    """
+
+    def __init__(self, what: str, cap: int, least: int, least_label: str,
+                 verb: str = "save") -> None:
+        self.cap, self.least, self.least_label = cap, least, least_label
+        super().__init__(
+            f"{what} {cap} bytes is unreachable: the least this graph can {verb} is "
+            f"{least} bytes ({least_label})"
+        )

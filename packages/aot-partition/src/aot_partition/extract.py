@@ -151,10 +151,17 @@ def _needed_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
     return _live_nodes(computable, inputs, outputs, allowed)
 
 
+def backward_live_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
+                        outputs: Iterable[Any]) -> set[fx.Node]:
+    """The nodes a backward with ``inputs`` (saved values, tangents, seeds) computing
+    ``outputs`` would hold: the inputs it reads and everything it computes, as extracted."""
+    return _needed_nodes(joint_graph, inputs, outputs, backward=True)
+
+
 def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
                          outputs: Iterable[Any]) -> set[fx.Node]:
     """Which of ``inputs`` the backward really reads (what dead-code elimination would keep)."""
-    live = _needed_nodes(joint_graph, inputs, outputs, backward=True)
+    live = backward_live_nodes(joint_graph, inputs, outputs)
     return {n for n in inputs if n in live}
 
 

@@ -2,6 +2,8 @@
 
 torch sets ``torch._functorch.config`` internally; the partitioner honours only our flags. Every
 flag read here is declared in ``aot_config.functorch``; one place to read them keeps that true.
+Only ``config.py`` calls ``read_flag``: a partition reads the flags once, into a
+``PartitionConfig``, and every decision after that reads the config.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import torch.fx as fx
 
 from .budget import BudgetSearch, needed_by_backward
 from .classify import classify
+from .config import PartitionConfig
 from .draw import plot_pareto
-from .flags import read_flag
 from .prepare import prepared_joint
 from .sizes import node_nbytes
 
@@ -63,19 +63,22 @@ def _bytes(nodes: Sequence[fx.Node]) -> int:
 
 def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None, *,
                          num_fwd_outputs: int, budgets: Sequence[float] | None = None,
-                         solver: str | None = None) -> list[ParetoPoint]:
+                         solver: str | None = None, config: PartitionConfig | None = None
+                         ) -> list[ParetoPoint]:
     """Sweep ``budgets`` (default 1.0 down to 0.0 by 0.05) on a copy of ``joint_module``.
 
     The joint graph is cleaned like the partitioner does (DCE, CSE, recompute tags) first. With
-    the flag ``visualize_memory_budget_pareto`` on, the front is also written as a PNG.
+    ``config.visualize_pareto`` (the flag ``visualize_memory_budget_pareto``) on, the front is
+    also written as a PNG. ``config``: the settings of the sweep (default: the flags now).
     """
     del joint_inputs  # accepted for the partition_fn-like signature; shapes come from meta
+    config = config if config is not None else PartitionConfig.from_flags()
     # A copy: the recompute-tag cleanup rewrites node annotations.
-    with prepared_joint(copy.deepcopy(joint_module), num_fwd_outputs) as module:
+    with prepared_joint(copy.deepcopy(joint_module), num_fwd_outputs, config=config) as module:
         info = classify(module, num_fwd_outputs)
-        search = BudgetSearch.prepare(module.graph, info, solver=solver)
+        search = BudgetSearch.prepare(module.graph, info, solver=solver, config=config)
         points = sweep(search, DEFAULT_BUDGETS if budgets is None else budgets)
-    if read_flag("visualize_memory_budget_pareto"):
+    if config.visualize_pareto:
         write_pareto_png(points, search.solver)
     return points
 

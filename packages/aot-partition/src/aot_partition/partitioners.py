@@ -20,18 +20,23 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from ._compat import make_graph_module
-from .budget import BudgetSearch, validate_memory_budget
+from .budget import (
+    BudgetSearch,
+    activation_bytes,
+    validate_memory_budget,
+    validate_memory_budget_bytes,
+)
 from .classify import NodeInfo, classify
+from .config import PartitionConfig
 from .extract import (
     default_saved_values,
     extract_forward_backward,
     extract_forward_backward_graphs,
     is_assert_only_symbool,
 )
-from .flags import read_flag
 from .pareto import sweep, write_pareto_png
 from .passes import has_recomputable_ops, reorder_backward, replay_random_ops
-from .policy import MinCutOptions
+from .policy import MinCutOptions, active_rule_names
 from .prepare import prepared_joint
 from .report import PartitionReport, build_report, log_report
 from .sizes import node_nbytes
@@ -55,6 +60,7 @@ def default_partition(
     num_fwd_outputs: int,
     static_lifetime_input_indices: Sequence[int] | None = None,
     static_lifetime_input_nodes: Any = None,
+    config: PartitionConfig | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Split like the original ``.forward()``/``.backward()``: save what the backward reads.
 
@@ -62,12 +68,13 @@ def default_partition(
     values the backward uses are saved (only sizes, when the backward needs only those).
     Graphs with checkpoint recompute annotations get the min-cut partition instead, as in
     torch. ``static_lifetime_input_nodes`` is accepted for torch compatibility (torch's own
-    callers pass it); the split does not depend on it.
+    callers pass it); the split does not depend on it. ``config``: the call's settings
+    (default: the flags, read once now).
     """
     if has_recomputable_ops(joint_module.graph):
         fw_module, bw_module, _ = partition_with_report(
             joint_module, num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_indices=static_lifetime_input_indices)
+            static_lifetime_input_indices=static_lifetime_input_indices, config=config)
         return fw_module, bw_module
     saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
     fw_module, bw_module, _, _ = extract_forward_backward(
@@ -82,60 +89,109 @@ def min_cut_rematerialization_partition(
     *,
     num_fwd_outputs: int,
     static_lifetime_input_indices: Sequence[int] | None = None,
+    config: PartitionConfig | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """Save the cheapest set of values; the backward recomputes the rest from them.
 
     The choice is a minimum cut of the joint graph (see network.py); ban heuristics, checkpoint
-    annotations and ``activation_memory_budget`` (flags in ``aot_config.functorch``) shape it.
-    ``compiler`` is accepted for torch compatibility; the inductor op lists are always used.
+    annotations and the activation memory budget shape it. ``config``: the call's settings
+    (default: the flags of ``aot_config.functorch``, read once now). ``compiler`` is accepted
+    for torch compatibility; the inductor op lists are always used.
     """
     fw_module, bw_module, _ = partition_with_report(
         joint_module, num_fwd_outputs=num_fwd_outputs,
-        static_lifetime_input_indices=static_lifetime_input_indices)
+        static_lifetime_input_indices=static_lifetime_input_indices, config=config)
     return fw_module, bw_module
 
 
 def explain_partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
                       memory_budget: float | None = None,
-                      static_lifetime_input_indices: list[int] | None = None
-                      ) -> PartitionReport:
+                      static_lifetime_input_indices: list[int] | None = None,
+                      memory_budget_bytes: int | None = None,
+                      config: PartitionConfig | None = None) -> PartitionReport:
     """Run the min-cut partitioner on a copy of ``joint_module`` and say what it decided.
 
-    ``memory_budget`` overrides the ``activation_memory_budget`` flag (0 <= budget <= 1).
+    ``memory_budget`` overrides the config's fraction (0 <= budget <= 1), ``memory_budget_bytes``
+    its cap on saved activation bytes (which wins over any fraction).
     """
     if memory_budget is not None:
         validate_memory_budget(memory_budget)
     _, _, report = partition_with_report(
         copy.deepcopy(joint_module), num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_indices=static_lifetime_input_indices,
-        memory_budget=memory_budget)
+        memory_budget=memory_budget, memory_budget_bytes=memory_budget_bytes, config=config)
     return report
 
 
-def _memory_budget(joint_graph: fx.Graph, override: float | None) -> float:
+def call_config(config: PartitionConfig | None, memory_budget_bytes: int | None = None
+                ) -> PartitionConfig:
+    """The one config of a partition call: ``config``, or the flags read now, with a byte
+    cap given as an argument on top."""
+    config = config if config is not None else PartitionConfig.from_flags()
+    if memory_budget_bytes is not None:
+        config = config.replace(memory_budget_bytes=validate_memory_budget_bytes(
+            memory_budget_bytes))
+    return config
+
+
+def _memory_budget(joint_graph: fx.Graph, override: float | None,
+                   config: PartitionConfig) -> float:
     if override is not None:
         return validate_memory_budget(override)
-    for node in joint_graph.nodes:  # a MemoryBudgetMode marker in the graph wins over the flag
+    for node in joint_graph.nodes:  # a MemoryBudgetMode marker in the graph wins over config
         if isinstance(node.meta.get("memory_budget"), float):
             return validate_memory_budget(node.meta["memory_budget"])
-    return validate_memory_budget(read_flag("activation_memory_budget"))
+    return validate_memory_budget(config.memory_budget)
 
 
-def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: float
-                         ) -> tuple[list[fx.Node], MinCutSolution | None]:
+@dataclasses.dataclass
+class _Choice:
+    """What the budget step chose, for the report."""
+
+    saved: list[fx.Node]
+    solution: MinCutSolution | None
+    options: MinCutOptions                 # the options of the cut that chose ``saved``
+    activation_bytes: int | None = None    # set under a byte budget (budget.activation_bytes)
+
+
+def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
+    found = search.solution_for(saved)
+    if found is not None:  # say both solvers in the report: e.g. "scipy min-cut, dp budget"
+        found = dataclasses.replace(found, solver=f"{found.solver} min-cut, {how}")
+    return found
+
+
+def _options_for(search: BudgetSearch, saved: list[fx.Node]) -> MinCutOptions:
+    return search.options_of.get(frozenset(saved), search.options)
+
+
+def _choose_within_bytes(search: BudgetSearch, config: PartitionConfig, cap: int) -> _Choice:
+    chosen = search.within_bytes(cap)
+    saved = list(chosen.saved)
+    nbytes = activation_bytes(search, chosen)
+    log.info("memory budget %d bytes (%s): chose %s, %d activation bytes, recompute runtime "
+             "%.4g", cap, search.solver, chosen.label, nbytes, chosen.runtime)
+    solution = _labelled(search, saved, f"{chosen.label} cut under a {cap}-byte budget")
+    return _Choice(saved, solution, _options_for(search, saved), nbytes)
+
+
+def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: float,
+                         config: PartitionConfig) -> _Choice:
+    if config.memory_budget_bytes is not None:
+        search = BudgetSearch.prepare(joint_graph, node_info, config=config)
+        return _choose_within_bytes(search, config, config.memory_budget_bytes)
     if budget == 1.0:
-        solution = solve_min_cut_detailed(joint_graph, node_info, MinCutOptions.from_flags())
-        return solution.saved_values, solution
-    search = BudgetSearch.prepare(joint_graph, node_info)
+        solution = solve_min_cut_detailed(joint_graph, node_info, config.options, config=config)
+        return _Choice(solution.saved_values, solution, config.options)
+    search = BudgetSearch.prepare(joint_graph, node_info, config=config)
     saved, runtime = search.saved_values(budget)
-    if read_flag("visualize_memory_budget_pareto"):
+    if config.visualize_pareto:
         write_pareto_png(sweep(search), search.solver)
     log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
              budget, search.solver, search.memory_ratio(saved), runtime)
-    found = search.solution_for(saved)
-    if found is not None:  # say both solvers in the report: e.g. "scipy min-cut, dp budget"
-        found = dataclasses.replace(found, solver=f"{found.solver} min-cut, {search.solver} budget")
-    return list(saved), found
+    saved = list(saved)
+    return _Choice(saved, _labelled(search, saved, f"{search.solver} budget"),
+                   _options_for(search, saved))
 
 
 def partition_with_report(
@@ -144,27 +200,38 @@ def partition_with_report(
     num_fwd_outputs: int,
     static_lifetime_input_indices: Sequence[int] | None = None,
     memory_budget: float | None = None,
+    memory_budget_bytes: int | None = None,
+    config: PartitionConfig | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
-    """The min-cut partition plus a PartitionReport saying why each value was saved or not."""
-    with prepared_joint(joint_module, num_fwd_outputs):
+    """The min-cut partition plus a PartitionReport saying why each value was saved or not.
+
+    Every decision is a function of the joint graph and one ``PartitionConfig``: ``config``,
+    or the flags read once here. ``memory_budget`` and ``memory_budget_bytes`` override its
+    fraction and its byte cap.
+    """
+    config = call_config(config, memory_budget_bytes)
+    with prepared_joint(joint_module, num_fwd_outputs, config=config):
         return _partition_prepared(joint_module, num_fwd_outputs, static_lifetime_input_indices,
-                                   memory_budget)
+                                   memory_budget, config)
 
 
 def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
                         static_lifetime_input_indices: Sequence[int] | None,
-                        memory_budget: float | None
+                        memory_budget: float | None, config: PartitionConfig
                         ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
     joint_graph = joint_module.graph
     node_info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
-    budget = _memory_budget(joint_graph, memory_budget)
+    budget = _memory_budget(joint_graph, memory_budget, config)
     if not node_info.required_bw:
         # Nothing needs a backward: the default split is exact and the network would be empty.
         saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
         fw_module, bw_module, _, _ = extract_forward_backward(
             joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-        return fw_module, bw_module, PartitionReport([], [], {}, budget, 0, "none")
-    chosen, solution = _choose_saved_values(joint_graph, node_info, budget)
+        return fw_module, bw_module, PartitionReport(
+            [], [], {}, budget, 0, "none", config=config,
+            memory_budget_bytes=config.memory_budget_bytes)
+    choice = _choose_saved_values(joint_graph, node_info, budget, config)
+    chosen = choice.saved
     saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not is_assert_only_symbool(n)]
     saved_values = [n for n in chosen if not is_sym_node(n)]
     fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
@@ -175,10 +242,13 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     reorder_backward(bw_graph)  # before wrapping: one code generation per module
     fw_module = make_graph_module(joint_module, fw_graph)
     bw_module = make_graph_module(joint_module, bw_graph)
-    report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, solution, budget,
-                          replayed)
+    report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,
+                          budget, replayed)
+    report = dataclasses.replace(
+        report, active_rules=active_rule_names(choice.options), config=config,
+        memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes)
     log_report(report)
-    if read_flag("debug_partitioner"):
+    if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)
     return fw_module, bw_module, report
 

@@ -4,10 +4,15 @@ Each heuristic is one small predicate returning a human reason (``"reduction: ou
 smaller than inputs"``) or None, so every decision of the partitioner can be explained. The
 two graph-wide heuristics depend on the bans made before them; they take those bans and
 return the ones they add, in order (``graph_wide_bans``).
+
+Which heuristics are on is decided in one place: ``active_ban_rules(options)`` and
+``active_graph_rules(options)`` list the rules on under a ``MinCutOptions`` (the always-on
+ones included). The predicates themselves only test a graph condition, never an option.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import operator
 from collections.abc import Callable, Collection, Mapping
@@ -96,29 +101,30 @@ def never_recomputable(node: fx.Node, ctx: PolicyContext) -> str | None:
 
 
 def not_in_allowlist(node: fx.Node, ctx: PolicyContext) -> str | None:
-    if ctx.options.ban_if_not_in_allowlist and not ctx.op_types.is_recomputable(node):
+    if not ctx.op_types.is_recomputable(node):
         return f"not in allowlist: {aten_packet(node)} is not a recomputable op"
     return None
 
 
 def random_op(node: fx.Node, ctx: PolicyContext) -> str | None:
+    """On only without the allowlist (which already bans every random op)."""
     # Recomputing would replay the forward's RNG state (passes/rng.py): correct, but it costs
     # a saved state and a second draw, so only the memory budget lifts this ban.
-    if not ctx.options.ban_if_not_in_allowlist and (ctx.op_types.is_random(node)
-                                                    or is_random(node)):
+    if ctx.op_types.is_random(node) or is_random(node):
         return "random op: recomputing costs a second draw and a saved RNG state"
     return None
 
 
 def compute_intensive(node: fx.Node, ctx: PolicyContext) -> str | None:
-    if not ctx.options.ban_if_not_in_allowlist and ctx.op_types.is_compute_intensive(node):
+    """On only without the allowlist (which already bans every compute-intensive op)."""
+    if ctx.op_types.is_compute_intensive(node):
         return f"compute-intensive op: {aten_packet(node)}"
     return None
 
 
 def materialized_in_backward(node: fx.Node, ctx: PolicyContext) -> str | None:
     """A node the backward must materialize anyway is never free to recompute."""
-    if not ctx.options.ban_if_materialized_backward or ctx.op_types.is_view(node):
+    if ctx.op_types.is_view(node):
         return None
     pending = [node]
     seen = {node}
@@ -151,8 +157,6 @@ def too_far_from_backward(node: fx.Node, ctx: PolicyContext) -> str | None:
 
 def reduction(node: fx.Node, ctx: PolicyContext) -> str | None:
     """Saving a small reduction output is cheap; recomputing it (e.g. a norm) is not."""
-    if not ctx.options.ban_if_reduction:
-        return None
     input_bytes = sum(node_nbytes(a) for a in node.args if isinstance(a, fx.Node))
     output_bytes = node_nbytes(node)
     if output_bytes * 4 < input_bytes:
@@ -161,7 +165,8 @@ def reduction(node: fx.Node, ctx: PolicyContext) -> str | None:
     return None
 
 
-# Order matters only for which reason is reported first; it follows torch.
+# Every per-node rule, by name. Order matters only for which reason is reported first; it
+# follows torch.
 NODE_PREDICATES: tuple[Predicate, ...] = (
     never_recomputable,
     not_in_allowlist,
@@ -171,6 +176,25 @@ NODE_PREDICATES: tuple[Predicate, ...] = (
     too_far_from_backward,
     reduction,
 )
+
+NodeRule = tuple[str, Predicate]
+
+
+@functools.cache
+def active_ban_rules(options: MinCutOptions) -> tuple[NodeRule, ...]:
+    """(name, predicate) of every per-node ban rule on under ``options``, in the order
+    ``ban_reason`` consults them. The one place an option switches a per-node rule."""
+    allowlist = options.ban_if_not_in_allowlist
+    switches: dict[Predicate, bool] = {
+        never_recomputable: True,        # recompute must replay the forward exactly
+        not_in_allowlist: allowlist,
+        random_op: not allowlist,        # without the allowlist, these two stand in for it
+        compute_intensive: not allowlist,
+        materialized_in_backward: options.ban_if_materialized_backward,
+        too_far_from_backward: True,     # max_dist_from_bw (a number) is its switch
+        reduction: options.ban_if_reduction,
+    }
+    return tuple((p.__name__, p) for p in NODE_PREDICATES if switches[p])
 
 
 def _never_banned(node: fx.Node, ctx: PolicyContext) -> bool:
@@ -187,7 +211,7 @@ def ban_reason(node: fx.Node, ctx: PolicyContext) -> str | None:
     """Why ``node`` may not be recomputed, or None (per-node heuristics only)."""
     if _never_banned(node, ctx):
         return None
-    for predicate in NODE_PREDICATES:
+    for _, predicate in active_ban_rules(ctx.options):
         reason = predicate(node, ctx)
         if reason is not None:
             return reason
@@ -245,8 +269,6 @@ def ban_used_far_apart(ctx: PolicyContext, banned: dict[fx.Node, str],
     """
     info = ctx.node_info
     made: Bans = []
-    if not ctx.options.ban_if_used_far_apart:
-        return made
     for used in info.required_fw_nodes:
         fw_users = [u for u in used.users if info.is_required_fw(u)]
         if not fw_users:
@@ -269,8 +291,6 @@ def ban_long_fusible_chains(ctx: PolicyContext, banned: dict[fx.Node, str],
     """
     info = ctx.node_info
     made: Bans = []
-    if not ctx.options.ban_if_long_fusible_chains:
-        return made
     visited: set[fx.Node] = set()
     for start in info.required_fw_nodes:
         start_order = info.get_fw_order(start)
@@ -291,10 +311,32 @@ def ban_long_fusible_chains(ctx: PolicyContext, banned: dict[fx.Node, str],
     return made
 
 
+GraphRule = tuple[str, Callable[[PolicyContext, dict[fx.Node, str], Collection[fx.Node]], Bans]]
+
+
+@functools.cache
+def active_graph_rules(options: MinCutOptions) -> tuple[GraphRule, ...]:
+    """(name, heuristic) of each graph-wide ban rule on under ``options``, in the order
+    ``graph_wide_bans`` runs them. The one place an option switches a graph-wide rule."""
+    rules: list[GraphRule] = []
+    if options.ban_if_used_far_apart:
+        rules.append(("ban_used_far_apart", ban_used_far_apart))
+    if options.ban_if_long_fusible_chains:
+        rules.append(("ban_long_fusible_chains", ban_long_fusible_chains))
+    return tuple(rules)
+
+
+def active_rule_names(options: MinCutOptions) -> tuple[str, ...]:
+    """Names of every ban rule on under ``options``: per-node first, then graph-wide."""
+    return tuple(name for name, _ in (*active_ban_rules(options), *active_graph_rules(options)))
+
+
 def graph_wide_bans(ctx: PolicyContext, banned: Mapping[fx.Node, str],
                     dont_ban: Collection[fx.Node] = ()) -> Bans:
-    """The bans of both graph-wide heuristics, given the per-node ``banned`` so far (not
-    modified). Each heuristic sees the bans before it, the other's included."""
+    """The bans of the active graph-wide heuristics, given the per-node ``banned`` so far
+    (not modified). Each heuristic sees the bans before it, the other's included."""
     so_far = dict(banned)
-    return (ban_used_far_apart(ctx, so_far, dont_ban)
-            + ban_long_fusible_chains(ctx, so_far, dont_ban))
+    made: Bans = []
+    for _, rule in active_graph_rules(ctx.options):
+        made += rule(ctx, so_far, dont_ban)
+    return made

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch.fx as fx
 
-from .flags import read_flag
+from .config import PartitionConfig
 from .joint import ancestors_within, check_topological_order, forward_and_backward_outputs
 from .passes import (
     cleanup_recompute_tags,
@@ -25,22 +25,24 @@ from .passes import (
 
 
 @contextlib.contextmanager
-def prepared_joint(joint_module: fx.GraphModule, num_fwd_outputs: int
-                   ) -> Iterator[fx.GraphModule]:
+def prepared_joint(joint_module: fx.GraphModule, num_fwd_outputs: int, *,
+                   config: PartitionConfig | None = None) -> Iterator[fx.GraphModule]:
     """The joint with dead code dropped and common subexpressions merged while partitioning.
 
     The merge is undone on the way out, so the caller's module keeps the graph its code was
     generated from; torch instead regenerates the joint's code, costly on big graphs when
     the module is not lazy (a direct aot_function call). Dead code is rare in traced joints
     and stays dropped (one code generation then). Annotations written by the passes
-    (MUST_SAVE for readers of mutated inputs, region boundaries) stay too.
+    (MUST_SAVE for readers of mutated inputs, region boundaries) stay too. ``config.cse``
+    (default: the flag now) switches the merge.
     """
+    config = config if config is not None else PartitionConfig.from_flags()
     graph = joint_module.graph
     check_topological_order(graph)
     if eliminate_dead_code(graph):
         joint_module.recompile()
     merged = None
-    if read_flag("cse"):
+    if config.cse:
         # A forward-only value merged with its backward twin would become one more saved
         # value (torch 2.15 fixed this the same way): keep the two sides apart.
         _, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)

@@ -16,6 +16,7 @@ import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from .classify import NodeInfo
+from .config import PartitionConfig
 from .joint import is_primal
 from .passes.rng import RNG_STATE_PREFIX
 from .sizes import node_nbytes
@@ -46,11 +47,23 @@ class PartitionReport:
     saved_bytes: int                # bytes of saved tensors (symbolic scalars not counted)
     solver: str
     notes: list[str] = field(default_factory=list)
+    # The ban rules on in the cut that chose the saved values (policy.active_rule_names).
+    active_rules: tuple[str, ...] = ()
+    config: PartitionConfig | None = None      # the settings the partition ran under
+    memory_budget_bytes: int | None = None     # the cap on activation bytes, if one was set
+    # Under a byte cap: the bytes it was held to (budget.activation_bytes: saved_bytes less
+    # parameters and buffers when they are free to save).
+    activation_bytes: int | None = None
 
     def format(self) -> str:
         """A plain-text table for terminals."""
         lines = [f"memory budget {self.memory_budget:g}, solver {self.solver}, "
                  f"saved {self.saved_bytes} bytes in {len(self.saved)} values"]
+        if self.memory_budget_bytes is not None:
+            lines.append(f"byte budget {self.memory_budget_bytes}: {self.activation_bytes} "
+                         "activation bytes saved")
+        if self.active_rules:
+            lines.append(f"ban rules: {', '.join(self.active_rules)}")
         for title, rows in (("saved", self.saved), ("recomputed", self.recomputed)):
             lines.append(f"{title}:")
             lines.extend(f"  {d.name:<28} {d.op:<36} {d.nbytes:>10}  {d.reason}" for d in rows)
