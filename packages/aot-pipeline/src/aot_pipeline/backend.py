@@ -221,7 +221,7 @@ def _inductor_backend(options: PipelineOptions,
             **patches,
             # A new one per graph: its cache key reads the flags as they are now.
             "custom_partitioner_fn": AotPipelinePartitioner(
-                options.memory_budget, options.solver, recorder,
+                float(options.memory_budget), options.solver, recorder,
                 memory_budget_bytes=options.memory_budget_bytes),
         }
         if recorder is not None and recorder.bypass_caches:

@@ -1,0 +1,757 @@
+"""Memory of one training step, simulated from the partitioned forward and backward graphs.
+
+The model follows how the graphs run eagerly (fx code generation, AOTAutograd's runtime):
+
+- The forward's inputs exist before the step and the caller holds them to its end; the
+  static-lifetime ones (parameters, buffers) are "parameter", the rest "input".
+- Each node allocates its outputs when it runs. A view or alias (its fake tensor shares a
+  storage with one of the node's inputs; without fake storages, the op schema's alias
+  annotation) allocates nothing and keeps its base alive. A value is freed after its last use,
+  as fx code generation writes ``x = None`` there; a buffer is freed when no value holds it.
+- The forward returns user outputs + saved tensors (+ saved symbolic scalars, no bytes). The
+  caller keeps the user outputs to the end of the step; saved tensors become backward inputs.
+- The backward's tangents are allocated when it starts; its boxed call clears its argument list,
+  so saved values and tangents die after their last backward use. Gradients live to the end.
+
+Sizes come from ``meta["val"]`` (the storage's bytes, so a saved view keeps its whole base);
+symbolic sizes are replaced by their hints. ``measure_partition`` runs the two graphs for real
+and returns the peak the allocator saw, to check the model against.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import py_sym_types
+
+from .estimators import _signature
+from .joint import is_backward_state, is_bwd_seed_offset, is_tangent
+from .sizes import has_no_result, size_hint, tensor_nbytes
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "KINDS",
+    "LiveBuffer",
+    "MeasuredMemory",
+    "MemoryStep",
+    "MemoryTimeline",
+    "clear_workspace_cache",
+    "example_value",
+    "measure_partition",
+    "profiled_workspace",
+    "simulate_joint",
+    "simulate_partition",
+]
+
+# What a live buffer is, in the order the plot stacks them.
+KINDS = ("parameter", "input", "tangent", "saved", "output", "gradient", "temporary",
+         "workspace")
+
+GraphLike = fx.Graph | fx.GraphModule
+# Bytes an op allocates and frees while it runs (on top of its outputs), per node.
+WorkspaceFn = Callable[[fx.Node], int]
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryStep:
+    """One node run (or the tangents arriving, or a graph returning)."""
+
+    phase: str            # "forward" or "backward"
+    node: str
+    op: str
+    allocated: int        # bytes this step allocated
+    freed: int            # bytes freed after it (inputs past their last use)
+    high_bytes: int       # live bytes right after the allocation, before the frees
+    live_bytes: int       # live bytes after the frees
+    high_by_kind: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LiveBuffer:
+    """A buffer live at the peak: the node that allocated it, its bytes and its kind."""
+
+    name: str
+    nbytes: int
+    kind: str
+
+
+@dataclass
+class MemoryTimeline:
+    """The simulated memory of one forward + backward step (bytes include the inputs)."""
+
+    steps: list[MemoryStep]
+    peak_bytes: int
+    peak_step: int
+    live_at_peak: list[LiveBuffer]
+    baseline_bytes: int   # forward inputs: allocated before the step
+    parameter_bytes: int  # the static-lifetime share of the baseline
+    saved_bytes: int      # forward-allocated buffers the saved tensors hold (views: their bases)
+    end_bytes: int        # live after the backward: inputs, user outputs, gradients
+
+    @property
+    def peak_phase(self) -> str:
+        return self.steps[self.peak_step].phase if self.steps else "forward"
+
+    @property
+    def peak_node(self) -> str:
+        return self.steps[self.peak_step].node if self.steps else ""
+
+    @property
+    def peak_above_baseline(self) -> int:
+        """The peak minus what existed before the step: what a measurement relative to the
+        memory allocated before the step sees."""
+        return self.peak_bytes - self.baseline_bytes
+
+    def peak_by_kind(self) -> dict[str, int]:
+        out = dict.fromkeys(KINDS, 0)
+        for buf in self.live_at_peak:
+            out[buf.kind] += buf.nbytes
+        return {k: v for k, v in out.items() if v}
+
+    def report(self, top: int = 8) -> str:
+        """A few lines: peak, where, what is live there by kind, the biggest buffers."""
+        mib = 2**20
+        lines = [
+            f"peak {self.peak_bytes / mib:.3f} MiB ({self.peak_above_baseline / mib:.3f} MiB "
+            f"above the inputs) at {self.peak_phase} node '{self.peak_node}' "
+            f"(step {self.peak_step} of {len(self.steps)})",
+            f"inputs {self.baseline_bytes / mib:.3f} MiB (parameters "
+            f"{self.parameter_bytes / mib:.3f}), saved activations {self.saved_bytes / mib:.3f} "
+            f"MiB, live at the end {self.end_bytes / mib:.3f} MiB",
+            "live at the peak: " + ", ".join(
+                f"{k} {v / mib:.3f} MiB" for k, v in self.peak_by_kind().items()),
+        ]
+        biggest = sorted(self.live_at_peak, key=lambda b: -b.nbytes)[:top]
+        lines += [f"  {b.name:<32} {b.kind:<10} {b.nbytes:>12,d} B" for b in biggest]
+        return "\n".join(lines)
+
+
+# ---- buffers ----------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Buffer:
+    id: int
+    name: str
+    nbytes: int
+    origin: str           # parameter / input / tangent / computed
+    refs: int = 0
+    roles: set[str] = field(default_factory=set)  # saved / output / gradient
+
+    def kind(self) -> str:
+        if self.origin != "computed":
+            return self.origin
+        for role in ("gradient", "output", "saved"):
+            if role in self.roles:
+                return role
+        return "temporary"
+
+
+# A value: (fake storage key or None, buffer) per tensor it holds (tuples hold several).
+_Value = list[tuple[int | None, _Buffer]]
+
+
+@dataclass
+class _RawStep:
+    phase: str
+    node: str
+    op: str
+    allocated: list[_Buffer]
+    freed: list[_Buffer]
+    workspace: int = 0    # bytes the op allocates and frees while it runs
+
+
+class _Memory:
+    """Live buffers, reference counted by the values (and callers) holding them."""
+
+    def __init__(self, alignment: int) -> None:
+        self.alignment = max(1, alignment)
+        self.buffers: list[_Buffer] = []
+        self.raw: list[_RawStep] = []
+        self._pending_alloc: list[_Buffer] = []
+        self._pending_free: list[_Buffer] = []
+
+    def new(self, name: str, nbytes: int, origin: str) -> _Buffer:
+        if nbytes > 0:  # allocators round up to their block size
+            nbytes = -(-nbytes // self.alignment) * self.alignment
+        buf = _Buffer(len(self.buffers), name, nbytes, origin)
+        self.buffers.append(buf)
+        if origin in ("computed", "tangent"):  # inputs exist before the step
+            self._pending_alloc.append(buf)
+        return buf
+
+    def hold(self, value: _Value) -> None:
+        for _, buf in value:
+            buf.refs += 1
+
+    def drop(self, value: _Value) -> None:
+        for _, buf in value:
+            buf.refs -= 1
+            if buf.refs == 0:
+                self._pending_free.append(buf)
+
+    def step(self, phase: str, node: str, op: str, workspace: int = 0) -> None:
+        """Close a step: what was allocated since the last one, then what was freed."""
+        self.raw.append(_RawStep(phase, node, op, self._pending_alloc, self._pending_free,
+                                 workspace))
+        self._pending_alloc, self._pending_free = [], []
+
+
+# ---- sizes and aliasing -----------------------------------------------------------------------
+
+def _tensors_of(val: Any) -> list[Any]:
+    """The leaves of a node's ``meta["val"]`` in order (tensors, scalars, None)."""
+    if isinstance(val, (list, tuple)):
+        return list(val)
+    return [val]
+
+
+def _storage_key(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage()._cdata)
+    except Exception:  # no storage (sparse, nested, functional wrappers): use the schema
+        return None
+
+
+def _storage_nbytes(t: torch.Tensor) -> int:
+    try:
+        return size_hint(t.untyped_storage().nbytes())
+    except Exception:
+        return tensor_nbytes(t)
+
+
+def _schema_alias_arg(node: fx.Node, index: int) -> fx.Node | None:
+    """The argument the op schema says output ``index`` aliases (views, in-place ops)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    returns = target._schema.returns
+    alias = returns[min(index, len(returns) - 1)].alias_info if returns else None
+    if alias is None:
+        return None
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.before_set & alias.before_set:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            return value if isinstance(value, fx.Node) else None
+    return None
+
+
+def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
+    """The value ``node`` produces: aliases of its inputs' buffers, or new buffers."""
+    if has_no_result(node) or "val" not in node.meta:
+        return []
+    source = node.args[0] if node.args else None
+    if (node.target is operator.getitem and isinstance(source, fx.Node) and source in env
+            and isinstance(source.meta.get("val"), (list, tuple))):
+        return _getitem_value(node, env)
+    by_key = {key: buf for arg in node.all_input_nodes for key, buf in env.get(arg, [])
+              if key is not None}
+    value: _Value = []
+    for index, t in enumerate(_tensors_of(node.meta["val"])):
+        if not isinstance(t, torch.Tensor):
+            continue
+        key = _storage_key(t)
+        if key is not None and key in by_key:
+            value.append((key, by_key[key]))
+            continue
+        base = _schema_alias_arg(node, index) if key is None else None
+        if base is not None and env.get(base):
+            value.append((key, env[base][0][1]))
+            continue
+        value.append((key, mem.new(node.name, _storage_nbytes(t), "computed")))
+    return value
+
+
+def _getitem_value(node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
+    """``tuple[i]``: the i-th tensor of the tuple (None and scalar items hold no buffer)."""
+    source, index = node.args[0], node.args[1]
+    assert isinstance(source, fx.Node)
+    items = _tensors_of(source.meta.get("val"))
+    if not isinstance(index, int) or not isinstance(items[index], torch.Tensor):
+        return []
+    position = sum(isinstance(t, torch.Tensor) for t in items[:index])
+    held = env[source]
+    return [held[position]] if position < len(held) else []
+
+
+def _input_value(mem: _Memory, node: fx.Node, origin: str,
+                 known: dict[int, _Buffer]) -> _Value:
+    """Buffers of a placeholder that arrives from outside (aliased inputs share one)."""
+    value: _Value = []
+    for t in _tensors_of(node.meta.get("val")):
+        if not isinstance(t, torch.Tensor):
+            continue
+        key = _storage_key(t)
+        if key is not None and key in known:
+            value.append((key, known[key]))
+            continue
+        buf = mem.new(node.name, _storage_nbytes(t), origin)
+        if key is not None:
+            known[key] = buf
+        value.append((key, buf))
+    return value
+
+
+# ---- running a graph --------------------------------------------------------------------------
+
+def _graph_of(g: GraphLike) -> fx.Graph:
+    return g.graph if isinstance(g, fx.GraphModule) else g
+
+
+def _op_name(node: fx.Node) -> str:
+    return str(getattr(node.target, "__name__", node.target)) if node.op != "output" else "output"
+
+
+def _deletions(graph: fx.Graph) -> dict[fx.Node, list[fx.Node]]:
+    """Values fx code generation sets to None after each node (``delete_unused_values``)."""
+    seen: set[fx.Node] = set()
+    after: dict[fx.Node, list[fx.Node]] = {}
+    for node in reversed(graph.nodes):
+        for arg in node.all_input_nodes:
+            if arg not in seen:
+                seen.add(arg)
+                after.setdefault(node, []).append(arg)
+    for node in graph.nodes:
+        if node.op not in ("placeholder", "output") and not node.users:
+            after.setdefault(node, []).append(node)  # unused results die at once
+        if node.op == "output":
+            after.pop(node, None)  # returned, not deleted
+    return after
+
+
+def _output_args(graph: fx.Graph) -> list[Any]:
+    output = next(iter(graph.find_nodes(op="output")))
+    return pytree.arg_tree_leaves(*output.args)
+
+
+def _run_graph(mem: _Memory, graph: fx.Graph, phase: str, inputs: Sequence[_Value],
+               workspace: WorkspaceFn | None = None) -> list[_Value]:
+    """Run ``graph``'s nodes on ``inputs`` (the caller's references move into the graph's
+    variables); return the output values, each held once for the caller."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    env: dict[fx.Node, _Value] = dict(zip(placeholders, inputs))
+    deletions = _deletions(graph)
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        value = _define(mem, node, env)
+        env[node] = value
+        mem.hold(value)
+        for dead in deletions.get(node, []):
+            mem.drop(env.pop(dead, []))
+        extra = workspace(node) if workspace is not None and node.op == "call_function" else 0
+        mem.step(phase, node.name, _op_name(node), extra)
+    outputs = [list(env.get(a, [])) if isinstance(a, fx.Node) else [] for a in _output_args(graph)]
+    for value in outputs:
+        mem.hold(value)
+    for value in env.values():  # the frame ends: unused placeholders and returned values
+        mem.drop(value)
+    mem.step(phase, "output", "output")
+    return outputs
+
+
+# ---- the step ---------------------------------------------------------------------------------
+
+def _static_indices(num_placeholders: int, num_static_inputs: int | None,
+                    static_input_indices: Iterable[int] | None) -> set[int]:
+    if num_static_inputs is not None and static_input_indices is not None:
+        raise ValueError("pass num_static_inputs or static_input_indices, not both")
+    if static_input_indices is not None:
+        return {i % num_placeholders for i in static_input_indices} if num_placeholders else set()
+    return set(range(min(num_static_inputs or 0, num_placeholders)))
+
+
+def _is_sym(val: Any) -> bool:
+    return isinstance(val, py_sym_types) or isinstance(val, (int, float, bool))
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How forward outputs map to backward inputs (AOTAutograd's convention)."""
+
+    num_user_outputs: int
+    num_saved_tensors: int
+    num_saved_syms: int
+
+    def backward_saved_order(self, fw_outputs: Sequence[Any]) -> list[Any]:
+        """Forward saved outputs reordered as the backward takes them: symbols first."""
+        start = self.num_user_outputs
+        tensors = list(fw_outputs[start:start + self.num_saved_tensors])
+        return list(fw_outputs[start + self.num_saved_tensors:]) + tensors
+
+
+def _saved_placeholders(bw_graph: fx.Graph) -> list[fx.Node]:
+    return [n for n in bw_graph.find_nodes(op="placeholder")
+            if not (is_tangent(n) or is_bwd_seed_offset(n) or is_backward_state(n))]
+
+
+def _layout(fw_graph: fx.Graph, bw_graph: fx.Graph) -> _Layout:
+    saved = _saved_placeholders(bw_graph)
+    num_syms = sum(_is_sym(n.meta.get("val")) for n in saved)
+    num_outputs = len(_output_args(fw_graph))
+    if len(saved) > num_outputs:
+        raise ValueError(f"the backward takes {len(saved)} saved values but the forward returns "
+                         f"only {num_outputs} outputs: not a matching forward/backward pair")
+    return _Layout(num_outputs - len(saved), len(saved) - num_syms, num_syms)
+
+
+def simulate_partition(
+    fw_graph: GraphLike,
+    bw_graph: GraphLike,
+    *,
+    num_static_inputs: int | None = None,
+    static_input_indices: Iterable[int] | None = None,
+    hold_outputs: bool = True,
+    alignment: int = 1,
+    workspace: WorkspaceFn | str | None = None,
+) -> MemoryTimeline:
+    """Simulate one training step's memory: the forward, then the backward.
+
+    ``num_static_inputs`` (the first forward placeholders: parameters and buffers, as
+    ``aot_module`` orders them) or ``static_input_indices`` (AOTAutograd's
+    ``static_lifetime_input_indices``) say which inputs are "parameter"; both only label
+    buffers, every forward input is held by the caller to the end. ``hold_outputs=False``
+    drops the user outputs when the forward returns (a caller that only keeps the loss
+    graph). ``alignment``: allocation granularity (512 for the CUDA caching allocator).
+    ``workspace``: bytes each op allocates and frees inside its kernel (oneDNN convolutions
+    on CPU), added to that step's high-water mark; ``"profile"`` measures each distinct op
+    once (``profiled_workspace``), a callable ``node -> bytes`` supplies them, None ignores
+    them (a pure fx-level model)."""
+    fw, bw = _graph_of(fw_graph), _graph_of(bw_graph)
+    ws = profiled_workspace if workspace == "profile" else workspace
+    if isinstance(ws, str):
+        raise ValueError(f"workspace must be None, 'profile' or a callable, got {workspace!r}")
+    layout = _layout(fw, bw)
+    mem = _Memory(alignment)
+    fw_values = _forward_inputs(mem, fw, num_static_inputs, static_input_indices)
+    for value in fw_values:
+        mem.hold(value)  # the caller's reference, kept to the end of the step
+    fw_in = [list(v) for v in fw_values]
+    for value in fw_in:
+        mem.hold(value)  # the forward's own variables
+    fw_out = _run_graph(mem, fw, "forward", fw_in, ws)
+    saved_in_fw_order = fw_out[layout.num_user_outputs:]
+    _mark(fw_out[:layout.num_user_outputs], "output")
+    _mark(saved_in_fw_order, "saved")
+    saved_bytes = _computed_bytes(saved_in_fw_order)
+    if not hold_outputs:
+        for value in fw_out[:layout.num_user_outputs]:
+            mem.drop(value)
+    bw_in = _backward_inputs(mem, bw, layout.backward_saved_order(fw_out))
+    grads = _run_graph(mem, bw, "backward", bw_in, ws)
+    _mark(grads, "gradient")
+    return _timeline(mem, fw_values, saved_bytes)
+
+
+def _forward_inputs(mem: _Memory, fw: fx.Graph, num_static_inputs: int | None,
+                    static_input_indices: Iterable[int] | None) -> list[_Value]:
+    placeholders = list(fw.find_nodes(op="placeholder"))
+    static = _static_indices(len(placeholders), num_static_inputs, static_input_indices)
+    known: dict[int, _Buffer] = {}
+    return [_input_value(mem, n, "parameter" if i in static else "input", known)
+            for i, n in enumerate(placeholders)]
+
+
+def _backward_inputs(mem: _Memory, bw: fx.Graph, saved: list[_Value]) -> list[_Value]:
+    """Saved values (their references move in), then tangents and seeds, allocated now."""
+    placeholders = list(bw.find_nodes(op="placeholder"))
+    values = list(saved)
+    known: dict[int, _Buffer] = {}
+    for node in placeholders[len(saved):]:
+        value = _input_value(mem, node, "tangent", known)
+        mem.hold(value)
+        values.append(value)
+    mem.step("backward", "tangents", "inputs")
+    return values
+
+
+def _mark(values: Iterable[_Value], role: str) -> None:
+    for value in values:
+        for _, buf in value:
+            buf.roles.add(role)
+
+
+def _computed_bytes(values: Iterable[_Value]) -> int:
+    bufs = {buf.id: buf for value in values for _, buf in value if buf.origin == "computed"}
+    return sum(b.nbytes for b in bufs.values())
+
+
+def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> MemoryTimeline:
+    """Replay the recorded steps with the buffers' final kinds."""
+    inputs = {buf.id: buf for value in fw_values for _, buf in value}
+    by_kind = dict.fromkeys(KINDS, 0)
+    for buf in inputs.values():
+        by_kind[buf.kind()] += buf.nbytes
+    baseline = sum(b.nbytes for b in inputs.values())
+    total, peak, peak_step = baseline, baseline, 0
+    steps: list[MemoryStep] = []
+    for index, raw in enumerate(mem.raw):
+        allocated = sum(b.nbytes for b in raw.allocated)
+        for buf in raw.allocated:
+            by_kind[buf.kind()] += buf.nbytes
+        high = total + allocated + raw.workspace
+        if high > peak:
+            peak, peak_step = high, index
+        freed = sum(b.nbytes for b in raw.freed)
+        for buf in raw.freed:
+            by_kind[buf.kind()] -= buf.nbytes
+        total = high - raw.workspace - freed
+        high_kinds = {k: v for k, v in by_kind.items() if v}
+        if raw.workspace:
+            high_kinds["workspace"] = raw.workspace
+        steps.append(MemoryStep(raw.phase, raw.node, raw.op, allocated, freed, high, total,
+                                high_kinds))
+    return MemoryTimeline(
+        steps=steps, peak_bytes=peak, peak_step=peak_step,
+        live_at_peak=_live_at(mem, inputs, peak_step), baseline_bytes=baseline,
+        parameter_bytes=sum(b.nbytes for b in inputs.values() if b.origin == "parameter"),
+        saved_bytes=saved_bytes, end_bytes=total)
+
+
+def _live_at(mem: _Memory, inputs: dict[int, _Buffer], index: int) -> list[LiveBuffer]:
+    """The buffers live at step ``index``'s high-water mark (before its frees)."""
+    live = dict(inputs)
+    for raw in mem.raw[:index]:
+        live.update((b.id, b) for b in raw.allocated)
+        for buf in raw.freed:
+            live.pop(buf.id, None)
+    out = [LiveBuffer(b.name, b.nbytes, b.kind()) for b in live.values()]
+    if mem.raw:
+        raw = mem.raw[index]
+        out += [LiveBuffer(b.name, b.nbytes, b.kind()) for b in raw.allocated]
+        if raw.workspace:
+            out.append(LiveBuffer(raw.node, raw.workspace, "workspace"))
+    return out
+
+
+def simulate_joint(
+    joint_module: fx.GraphModule,
+    *,
+    num_fwd_outputs: int,
+    saved_values: list[fx.Node] | None = None,
+    saved_sym_nodes: list[fx.Node] | None = None,
+    num_static_inputs: int | None = None,
+    static_input_indices: Iterable[int] | None = None,
+    **options: Any,
+) -> MemoryTimeline:
+    """Cut ``joint_module`` at ``saved_values`` (default: the default partition's, every
+    forward value the backward reads) and simulate the step; ``options`` go to
+    ``simulate_partition``. The joint is not modified."""
+    from .extract import default_saved_values, extract_forward_backward_graphs
+
+    if saved_values is None:
+        saved_values, default_syms = default_saved_values(joint_module, num_fwd_outputs)
+        saved_sym_nodes = default_syms if saved_sym_nodes is None else saved_sym_nodes
+    fw, bw, _, _ = extract_forward_backward_graphs(
+        joint_module, list(saved_values), list(saved_sym_nodes or []),
+        num_fwd_outputs=num_fwd_outputs)
+    return simulate_partition(fw, bw, num_static_inputs=num_static_inputs,
+                              static_input_indices=static_input_indices, **options)
+
+
+# ---- measuring a real run ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """What the allocator saw in one real step, relative to what was allocated before it."""
+
+    peak_bytes: int
+    end_bytes: int
+    device: str
+    method: str  # "profiler" (CPU allocation events) or "cuda" (max_memory_allocated)
+
+
+def _hinted(shape: Iterable[Any]) -> list[int]:
+    return [size_hint(s) for s in shape]
+
+
+def example_value(val: Any, device: torch.device | str) -> Any:
+    """A real tensor shaped like the fake ``val`` (same strides, so the same storage bytes):
+    random floats, zero integers (valid indices); symbolic scalars become their hints."""
+    if isinstance(val, torch.SymInt):
+        return size_hint(val)
+    if isinstance(val, (torch.SymFloat, torch.SymBool)):
+        return type(val.node.hint)(val.node.hint) if val.node.hint is not None else 1
+    if not isinstance(val, torch.Tensor):
+        return val
+    t = torch.empty_strided(_hinted(val.shape), _hinted(val.stride()), dtype=val.dtype,
+                            device=device)
+    return t.normal_() if t.is_floating_point() else t.zero_()
+
+
+def _boxed_module(module: GraphLike) -> tuple[Callable[[list[Any]], Any], bool]:
+    """A callable taking one list and clearing it (as AOTAutograd calls a compiled
+    backward), so arguments die after their last use; plain call where fx lacks it."""
+    gm = module if isinstance(module, fx.GraphModule) else fx.GraphModule(torch.nn.Module(),
+                                                                           module)
+    try:
+        from torch.fx.graph import _BoxedCodeGen
+    except ImportError:  # pragma: no cover - every supported release has it
+        log.warning("torch.fx has no _BoxedCodeGen: backward inputs stay alive while it runs")
+        return (lambda args: gm(*args)), False
+    graph = fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    graph.set_codegen(_BoxedCodeGen())
+    return fx.GraphModule(gm, graph), True
+
+
+def _as_module(g: GraphLike) -> fx.GraphModule:
+    return g if isinstance(g, fx.GraphModule) else fx.GraphModule(torch.nn.Module(), g)
+
+
+def measure_partition(
+    fw_module: GraphLike,
+    bw_module: GraphLike,
+    fw_inputs: Sequence[Any] | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    hold_outputs: bool = True,
+    warmup: bool = True,
+) -> MeasuredMemory:
+    """Run the forward then the backward (boxed: inputs freed after their last use) under
+    ``torch.no_grad`` and return the allocator's peak above the memory allocated before.
+
+    ``fw_inputs`` defaults to random tensors shaped like the forward's placeholders; tangents
+    are always made from the backward's placeholders. On CPU the peak is rebuilt from the
+    profiler's allocation events (``profile_memory=True``); on CUDA it is
+    ``max_memory_allocated`` after ``reset_peak_memory_stats``. ``warmup`` runs the step once
+    first, so one-time allocations (library workspaces) are not counted."""
+    fw, bw = _as_module(fw_module), _as_module(bw_module)
+    dev = torch.device(device)
+    if fw_inputs is None:
+        fw_inputs = [example_value(n.meta.get("val"), dev)
+                     for n in fw.graph.find_nodes(op="placeholder")]
+    boxed_bw, _ = _boxed_module(bw)
+    layout = _layout(fw.graph, bw.graph)
+    tangent_vals = [n.meta.get("val") for n in list(bw.graph.find_nodes(op="placeholder"))[
+        layout.num_saved_tensors + layout.num_saved_syms:]]
+
+    def step() -> tuple[list[Any], Any]:
+        return _run_step(fw, boxed_bw, list(fw_inputs), layout, tangent_vals, dev, hold_outputs)
+
+    if warmup:
+        with torch.no_grad():
+            step()
+    gc.collect()
+    if dev.type == "cuda":
+        return _measure_cuda(step, dev)
+    return _measure_cpu_profiler(step, str(dev))
+
+
+def _run_step(fw: fx.GraphModule, boxed_bw: Callable[[list[Any]], Any], fw_inputs: list[Any],
+              layout: _Layout, tangent_vals: list[Any], device: torch.device,
+              hold_outputs: bool) -> tuple[list[Any], Any]:
+    """One forward + backward; returns what the caller keeps (user outputs, gradients)."""
+    outs = list(fw(*fw_inputs))
+    user = outs[:layout.num_user_outputs]
+    args = layout.backward_saved_order(outs)
+    del outs
+    if not hold_outputs:
+        user = []
+    args += [example_value(v, device) for v in tangent_vals]
+    grads = boxed_bw(args)
+    return user, grads
+
+
+def _measure_cpu_profiler(step: Callable[[], Any], device: str) -> MeasuredMemory:
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        kept = step()
+    deltas = _allocation_deltas(prof)
+    del kept
+    total = peak = 0
+    for _, delta in sorted(deltas, key=lambda d: d[0]):
+        total += delta
+        peak = max(peak, total)
+    return MeasuredMemory(peak, total, device, "profiler")
+
+
+def _allocation_deltas(prof: Any) -> list[tuple[int, int]]:
+    """(time ns, +bytes allocated / -bytes freed) of every CPU allocator event recorded."""
+    allocation = torch._C._profiler._EventType.Allocation
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    out = []
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == allocation:
+            fields = event.extra_fields
+            if fields.device.type == "cpu":
+                out.append((event.start_time_ns, int(fields.alloc_size)))
+    return out
+
+
+def _measure_cuda(step: Callable[[], Any], device: torch.device) -> MeasuredMemory:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    with torch.no_grad():
+        kept = step()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - before
+    end = torch.cuda.memory_allocated(device) - before
+    del kept
+    return MeasuredMemory(peak, end, str(device), "cuda")
+
+
+
+# ---- op workspaces ----------------------------------------------------------------------------
+
+_workspace_cache: dict[Any, int] = {}
+
+
+def profiled_workspace(node: fx.Node) -> int:
+    """Bytes ``node``'s op allocates and frees inside its kernel, beyond its outputs: its peak
+    allocation while running minus what it leaves allocated. Measured once per op and argument
+    signature (shapes, strides, dtypes) by running it on random tensors; 0 for views and for
+    anything that cannot run (an op with data-dependent requirements)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or any(
+            r.alias_info is not None for r in target._schema.returns):
+        return 0
+    key = (target, _signature((node.args, node.kwargs)))
+    if key not in _workspace_cache:
+        try:
+            _workspace_cache[key] = _measure_workspace(node)
+        except Exception as exc:  # e.g. an op that rejects random arguments
+            log.debug("workspace of %s not measurable: %s", node.name, exc)
+            _workspace_cache[key] = 0
+    return _workspace_cache[key]
+
+
+def clear_workspace_cache() -> None:
+    """Forget every measured workspace (e.g. after switching devices or libraries)."""
+    _workspace_cache.clear()
+
+
+def _measure_workspace(node: fx.Node) -> int:
+    from torch.utils._mode_utils import no_dispatch
+
+    vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in pytree.tree_leaves(vals))
+    device = torch.device("cuda") if on_cuda else torch.device("cpu")
+    args, kwargs = pytree.tree_map_only(
+        fx.Node, lambda a: example_value(a.meta.get("val"), device), (node.args, node.kwargs))
+    op = cast(Callable[..., Any], node.target)
+
+    def run() -> Any:
+        return op(*args, **kwargs)
+
+    # fork_rng: a random op must not shift the user's generator.
+    with no_dispatch(), torch.no_grad(), torch.random.fork_rng(
+            devices=[torch.cuda.current_device()] if on_cuda else []):
+        run()  # warm-up: one-time allocations are not a workspace
+        measured = _measure_cuda(run, device) if on_cuda else _measure_cpu_profiler(run, "cpu")
+    return max(0, measured.peak_bytes - measured.end_bytes)
