@@ -1,110 +1,42 @@
-"""Build the min-cut flow network of a joint graph as arrays.
+"""The torch.fx front end of the graph-agnostic core: an fx joint graph described in core terms.
 
-Every fx node ``n`` becomes two network nodes, ``n_in`` and ``n_out``; the edge between them
-costs what saving ``n`` costs. Cutting it means "save n". Infinite edges encode what cannot
-be cut: data dependencies, bans on recomputation (source -> n_in) and backward needs
-(-> sink). The builder keeps the map from edge index to fx node to read the cut back.
+``describe`` turns the joint graph into a ``core.CoreGraph`` once per partition: per node its
+inputs, bytes, category, where it is needed (from ``NodeInfo``), checkpoint marks and its fx
+save cost (the bias towards the backward and the doubling of fused values read the fx op
+categories, so the front end computes them). ``fx_bans`` gives one cut's bans: the per-node
+heuristics of ``policy.py`` (memoized per options) and the graph-wide ones, which depend on
+the bans before them and on ``dont_ban``. ``core.partition`` builds the network and solves it.
 
-The bans come from ``policy.py``; per-node results (save costs, ban reasons) can be kept
-across the solves of one partition in a ``NetworkMemo`` that the caller owns.
+The memory-budget search cuts the same joint several times with different options and
+``dont_ban`` sets; a ``NetworkMemo`` that the caller owns keeps the description (and, inside
+it, the core's network structure) and the per-options bans across those cuts.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 import torch.fx as fx
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
 
-from .joint import is_fwd_seed_offset, is_primal
-from .mincut import FlowNetwork
+from .core import CoreGraph, CoreNode, CorePartition, partition
+from .errors import PartitionError
+from .joint import is_bwd_seed_offset, is_fwd_seed_offset, is_primal, is_random, is_tangent
 from .passes.recompute_tags import must_recompute
-from .policy import PolicyContext, ban_reason, can_be_banned, graph_wide_bans
-from .sizes import node_nbytes, sym_node_size
+from .policy import PolicyContext, ban_reason, can_be_banned, graph_wide_bans, is_effectful
+from .sizes import node_nbytes, sym_node_size, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
-SOURCE, SINK = 0, 1
 # Capacity for values that are very expensive but not impossible to save (SymFloats).
 INT_INF = int(1e6)
-
-
-@dataclass
-class BuiltNetwork:
-    """A flow network plus what is needed to explain it and read a cut back."""
-
-    network: FlowNetwork
-    edge_nodes: list[fx.Node | None]   # the fx node whose in->out edge this is, else None
-    edge_reasons: list[str]            # why an edge exists (shown for infinite edges)
-    banned: dict[fx.Node, str] = field(default_factory=dict)  # node -> ban reason
-
-
-class _Builder:
-    """Accumulates vertices, edges and bans; one builder per network."""
-
-    def __init__(self, ctx: PolicyContext, dont_ban: set[fx.Node]) -> None:
-        self.ctx = ctx
-        self.dont_ban = dont_ban
-        self.banned: dict[fx.Node, str] = {}
-        self.names = ["source", "sink"]
-        # (node, is_out) -> vertex: indices are handed out in first-use order, as by name;
-        # keying by node skips building a name string on every lookup.
-        self.index: dict[tuple[fx.Node, bool], int] = {}
-        self.tails: list[int] = []
-        self.heads: list[int] = []
-        self.caps: list[float] = []
-        self.edge_nodes: list[fx.Node | None] = []
-        self.reasons: list[str] = []
-
-    def vertex(self, node: fx.Node, is_out: bool) -> int:
-        key = (node, is_out)
-        index = self.index.get(key)
-        if index is None:
-            index = self.index[key] = len(self.names)
-            self.names.append(node.name + ("_out" if is_out else "_in"))
-        return index
-
-    def edge(self, tail: int, head: int, cap: float, reason: str,
-             node: fx.Node | None = None) -> None:
-        self.tails.append(tail)
-        self.heads.append(head)
-        self.caps.append(float(cap))
-        self.edge_nodes.append(node)
-        self.reasons.append(reason)
-
-    def ban(self, node: fx.Node, reason: str) -> None:
-        """Forbid recomputing ``node`` (an infinite source edge) unless it is exempt."""
-        if can_be_banned(node, self.ctx, self.dont_ban):
-            self.record_ban(node, reason)
-
-    def record_ban(self, node: fx.Node, reason: str) -> None:
-        """Add the infinite source edge of a ban already checked against the exemptions."""
-        self.banned.setdefault(node, reason)
-        self.edge(SOURCE, _in(self, node), math.inf, f"cannot recompute: {reason}")
-
-    def finish(self) -> tuple[FlowNetwork, list[fx.Node | None], list[str]]:
-        network = FlowNetwork(
-            num_nodes=len(self.names), source=SOURCE, sink=SINK,
-            tails=np.asarray(self.tails, dtype=np.int64),
-            heads=np.asarray(self.heads, dtype=np.int64),
-            capacities=np.asarray(self.caps, dtype=np.float64),
-            names=self.names,
-        )
-        return network, self.edge_nodes, self.reasons
-
-
-def _in(b: _Builder, node: fx.Node) -> int:
-    return b.vertex(node, False)
-
-
-def _out(b: _Builder, node: fx.Node) -> int:
-    return b.vertex(node, True)
+_NOT_A_TENSOR = "cannot save: not a tensor"
 
 
 def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
@@ -117,7 +49,7 @@ def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
             node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
         if isinstance(val, BackwardState):
             return 0.0, ""
-        return math.inf, "cannot save: not a tensor"
+        return math.inf, _NOT_A_TENSOR
     if ctx.treat_params_as_free and node in ctx.node_info.static_lifetime_inputs:
         return 0.0, ""
     if ctx.recompute_views and ctx.op_types.is_view(node):
@@ -130,79 +62,190 @@ def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
     return float(cost if ctx.is_materialized(node) else cost * 2), ""
 
 
-class NetworkMemo:
-    """Per-node results of ``build_network`` kept across the solves of one partition.
+@dataclass
+class FxDescription:
+    """An fx joint graph in core terms, plus the maps back to fx nodes."""
 
-    Save costs and per-node ban reasons read only the node, the classification, the op
-    categories, the flags and (ban reasons) the options, none of which change between the
-    solves of one partition; the memory-budget search builds the network several times and
-    hands the same memo to each. Results are keyed by everything they read, so one memo is
-    safe to share between contexts.
+    graph: CoreGraph
+    nodes: list[fx.Node]              # core position -> fx node
+    ban_steps: list[fx.Node]          # nodes the network may ban, in graph order
+    exempt: frozenset[fx.Node]        # never banned whatever dont_ban says (can_be_banned)
+
+
+def _category(node: fx.Node, ctx: PolicyContext, why_unsaveable: str,
+              by_target: dict[Any, str]) -> str:
+    """The node's core category (see core.CATEGORIES); fx-specific costs are overrides."""
+    if node.op == "placeholder":
+        if is_tangent(node) or is_bwd_seed_offset(node):
+            return "tangent"
+        if is_fwd_seed_offset(node):
+            return "seed"
+        return "parameter" if node in ctx.node_info.static_lifetime_inputs else "input"
+    if is_sym_node(node):
+        return "symbolic"
+    if why_unsaveable == _NOT_A_TENSOR:
+        return "opaque"
+    try:
+        return by_target[node.target]
+    except KeyError:
+        category = by_target[node.target] = _op_category(node, ctx)
+    except TypeError:  # an unhashable target
+        category = _op_category(node, ctx)
+    return category
+
+
+def _op_category(node: fx.Node, ctx: PolicyContext) -> str:
+    """The category an op's target gives every node that calls it."""
+    op_types = ctx.op_types
+    if op_types.is_view(node):
+        return "view"
+    if is_effectful(node):
+        return "effectful"
+    if op_types.is_random(node) or is_random(node):
+        return "random"
+    if op_types.is_compute_intensive(node):
+        return "compute"
+    return "pointwise" if op_types.is_fusible(node) else "other"
+
+
+def _nbytes(node: fx.Node) -> int:
+    # Informative here (the fx save cost is an override): sizing errors surface from
+    # save_cost, for the nodes whose size matters, as before.
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return tensor_nbytes(val)
+    try:
+        return node_nbytes(node)
+    except (PartitionError, TypeError):
+        return 0
+
+
+def _describe_node(node: fx.Node, ctx: PolicyContext, by_target: dict[Any, str],
+                   exempt_nodes: set[fx.Node]) -> CoreNode:
+    """``node`` in core terms; adds it to ``exempt_nodes`` when no ban may apply to it."""
+    info = ctx.node_info
+    in_backward = node in info.tangents_closure
+    recompute = not in_backward and must_recompute(node)
+    cost, why = (0.0, "") if in_backward or recompute else save_cost(node, ctx)
+    category = _category(node, ctx, why, by_target)
+    exempt = not can_be_banned(node, ctx, ())
+    if exempt:
+        exempt_nodes.add(node)
+    return CoreNode(
+        id=node.name,
+        inputs=tuple(a.name for a in node.all_input_nodes),
+        nbytes=_nbytes(node),
+        category=category,
+        forward=node in info.required_fw,
+        backward=node in info.required_bw,
+        in_backward=in_backward,
+        # fx replays a recomputed random op's RNG state (passes/rng.py): its ban is the
+        # policy's call; exempt nodes (can_be_banned) get no category ban either.
+        allow_recompute=category == "random" or exempt,
+        must_recompute=recompute,
+        save_cost=None if math.isinf(cost) else cost,
+    )
+
+
+def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
+    """The core description of ``joint_graph`` (every node but the output)."""
+    nodes = [n for n in joint_graph.nodes if n.op != "output"]
+    by_target: dict[Any, str] = {}
+    exempt: set[fx.Node] = set()
+    core_nodes = tuple(_describe_node(n, ctx, by_target, exempt) for n in nodes)
+    graph = CoreGraph(core_nodes)
+    # The ban step of the network: not for backward nodes nor checkpoint-annotated ones.
+    ban_steps = [n for n, c in zip(nodes, core_nodes) if not c.in_backward and not c.must_recompute]
+    return FxDescription(graph, nodes, ban_steps, frozenset(exempt))
+
+
+def _per_node_bans(desc: FxDescription, ctx: PolicyContext) -> list[tuple[fx.Node, str]]:
+    """Every per-node ban under ``ctx.options`` (before ``dont_ban``), in graph order."""
+    info = ctx.node_info
+    found = []
+    for node in desc.ban_steps:
+        if is_primal(node):
+            reason: str | None = "primal input"
+        elif is_fwd_seed_offset(node):
+            reason = "forward RNG seed"
+        else:
+            reason = ban_reason(node, ctx) if node in info.required_fw else None
+        if reason is not None and node not in desc.exempt:
+            found.append((node, reason))
+    return found
+
+
+class NetworkMemo:
+    """The description and per-options bans of one joint, kept across the cuts of a partition.
+
+    They read only the graph, the classification, the op categories, the flags and (bans) the
+    options, none of which change between the cuts of one partition; the memory-budget search
+    hands the same memo to each. Entries are keyed by everything they read, so one memo is safe
+    to share between contexts.
     """
 
     def __init__(self) -> None:
-        self._tables: dict[Any, tuple[Any, dict[fx.Node, Any]]] = {}
+        self._entries: dict[Any, tuple[tuple[Any, ...], Any]] = {}
 
-    def table(self, ctx: PolicyContext, kind: str, with_options: bool) -> dict[fx.Node, Any]:
-        """The node -> result cache for ``kind`` under ``ctx``."""
-        key = (kind, id(ctx.node_info), id(ctx.op_types), ctx.recompute_views,
-               ctx.treat_params_as_free, ctx.max_dist_from_bw,
-               ctx.options if with_options else None)
-        entry = self._tables.get(key)
-        # Holding node_info and op_types keeps their ids unique while the entry lives.
-        if entry is None or entry[0][0] is not ctx.node_info or entry[0][1] is not ctx.op_types:
-            entry = self._tables[key] = ((ctx.node_info, ctx.op_types), {})
+    def _get(self, key: tuple[Any, ...], holds: tuple[Any, ...], make: Any) -> Any:
+        entry = self._entries.get(key)
+        # Holding the keyed objects keeps their ids unique while the entry lives.
+        if entry is None or any(a is not b for a, b in zip(entry[0], holds)):
+            entry = self._entries[key] = (holds, make())
         return entry[1]
 
+    def description(self, joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
+        holds = (joint_graph, ctx.node_info, ctx.op_types)
+        key = ("describe", *map(id, holds), ctx.recompute_views, ctx.treat_params_as_free)
+        return self._get(key, holds, lambda: describe(joint_graph, ctx))
 
-def build_network(joint_graph: fx.Graph, ctx: PolicyContext,
-                  dont_ban: set[fx.Node] | None = None,
-                  memo: NetworkMemo | None = None) -> BuiltNetwork:
-    """The flow network for ``joint_graph``, with every ban decided and recorded.
+    def node_bans(self, desc: FxDescription, ctx: PolicyContext) -> list[tuple[fx.Node, str]]:
+        holds = (desc, ctx.node_info, ctx.op_types)
+        key = ("bans", *map(id, holds), ctx.options, ctx.max_dist_from_bw,
+               ctx.recompute_views, ctx.treat_params_as_free)
+        return self._get(key, holds, lambda: _per_node_bans(desc, ctx))
 
-    ``memo``: per-node results from earlier solves of the same partition (see NetworkMemo).
-    """
-    info = ctx.node_info
-    b = _Builder(ctx, dont_ban or set())
-    ban = b.ban
-    memo = memo if memo is not None else NetworkMemo()
-    save_costs = memo.table(ctx, "save_cost", with_options=False)
-    ban_reasons = memo.table(ctx, "ban_reason", with_options=True)
 
-    for node in joint_graph.nodes:
-        if node.op == "output":
-            continue
-        if node in info.required_bw:
-            if node in info.tangents_closure:
-                b.edge(_in(b, node), SINK, math.inf, "must be computed in backward")
-                continue
-            b.edge(_out(b, node), SINK, math.inf, "must be available for backward")
-        if must_recompute(node):
-            b.edge(_in(b, node), SINK, math.inf, "must recompute: checkpoint annotation")
-            continue
-        if is_primal(node):
-            ban(node, "primal input")
-        elif is_fwd_seed_offset(node):
-            ban(node, "forward RNG seed")
-        if info.is_required_fw(node):
-            if node in ban_reasons:
-                reason = ban_reasons[node]
-            else:
-                reason = ban_reasons[node] = ban_reason(node, ctx)
-            if reason is not None:
-                ban(node, reason)
-        cost_and_why = save_costs.get(node)
-        if cost_and_why is None:
-            cost_and_why = save_costs[node] = save_cost(node, ctx)
-        cost, why = cost_and_why
-        b.edge(_in(b, node), _out(b, node), cost, why or "save cost", node)
-        for user in node.users:
-            b.edge(_out(b, node), _in(b, user), math.inf, f"{user.name} uses {node.name}")
-
+def fx_bans(desc: FxDescription, ctx: PolicyContext, dont_ban: Collection[fx.Node],
+            memo: NetworkMemo) -> dict[fx.Node, str]:
+    """One cut's bans, node -> reason: the per-node ones in graph order, then the graph-wide."""
+    banned = {n: why for n, why in memo.node_bans(desc, ctx) if n not in dont_ban}
     # Both graph-wide heuristics see the bans made so far, including each other's.
-    for node, reason in graph_wide_bans(ctx, b.banned, b.dont_ban):
-        b.record_ban(node, reason)
-    network, edge_nodes, reasons = b.finish()
-    for node, reason in b.banned.items():
+    for node, reason in graph_wide_bans(ctx, banned, dont_ban):
+        banned.setdefault(node, reason)
+    return banned
+
+
+def cut_fx_graph(joint_graph: fx.Graph, ctx: PolicyContext, dont_ban: set[fx.Node] | None,
+                 memo: NetworkMemo | None, solver: str
+                 ) -> tuple[list[fx.Node], dict[fx.Node, str], CorePartition]:
+    """(saved values in graph order, bans, the core's answer) of one min cut."""
+    memo = memo if memo is not None else NetworkMemo()
+    dont_ban = dont_ban or set()
+    desc = memo.description(joint_graph, ctx)
+    banned = fx_bans(desc, ctx, dont_ban, memo)
+    result = partition(desc.graph, solver=solver, bans={n.name: r for n, r in banned.items()},
+                       release=[n.name for n in dont_ban if n.op != "output"],
+                       recompute_views=ctx.recompute_views,
+                       parameters_are_free=ctx.treat_params_as_free)
+    if len(result.banned_at) != len(banned):  # the core adds category bans: they must agree
+        raise AssertionError(f"fx adapter and core disagree on bans: {len(banned)} vs "
+                             f"{len(result.banned_at)}")
+    for node, reason in banned.items():
         log.debug("banned from recomputation: %s (%s)", node.name, reason)
-    return BuiltNetwork(network, edge_nodes, reasons, b.banned)
+    saved = [desc.nodes[i] for i in result.saved_indices.tolist()]
+    return saved, banned, result
+
+
+def fx_core_graph(joint_graph: fx.Graph, ctx: PolicyContext,
+                  dont_ban: Collection[fx.Node] = ()) -> CoreGraph:
+    """A self-contained core description of one cut: ``describe`` with the cut's bans written
+    into the nodes (for tools and tests; the partitioner passes the bans per call instead)."""
+    memo = NetworkMemo()
+    desc = memo.description(joint_graph, ctx)
+    banned = {n.name: why for n, why in fx_bans(desc, ctx, dont_ban, memo).items()}
+    released = {n.name for n in dont_ban}
+    nodes = [replace(c, ban=banned.get(c.id),
+                     allow_recompute=c.allow_recompute or c.id in released)
+             for c in desc.graph.nodes]
+    return CoreGraph(tuple(nodes))

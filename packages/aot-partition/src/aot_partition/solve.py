@@ -1,6 +1,7 @@
-"""One min-cut solve: policy -> network -> solver -> saved values.
+"""One min-cut solve: policy -> fx description -> core network -> solver -> saved values.
 
-``solve_min_cut`` is the reusable step the memory-budget search calls in a loop.
+``solve_min_cut`` is the reusable step the memory-budget search calls in a loop; the fx joint
+graph is described in core terms once per partition (``network.NetworkMemo``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import torch.fx as fx
 
 from .classify import NodeInfo, OpTypes, default_op_types
 from .config import PartitionConfig
-from .errors import InfeasibleMinCutError
-from .mincut import MinCut, MinCutSolver, get_solver, infinite_path
-from .network import BuiltNetwork, NetworkMemo, build_network
+from .core import CorePartition
+from .mincut import MinCut, MinCutSolver, get_solver
+from .network import NetworkMemo, cut_fx_graph
 from .policy import MinCutOptions, PolicyContext
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 class MinCutSolution:
     saved_values: list[fx.Node]      # in graph order
     banned: dict[fx.Node, str]       # node -> why it may not be recomputed
-    built: BuiltNetwork
+    core: CorePartition              # the core's answer: network, decisions, cost
     cut: MinCut
     solver: str
 
@@ -41,16 +42,6 @@ def selected_solver(name: str | None = None) -> tuple[str, MinCutSolver]:
         if name == "scipy" and exc.name in ("aot_partition.mincut_scipy", "scipy"):
             return "networkx", get_solver("networkx")
         raise
-
-
-def _raise_infeasible(built: BuiltNetwork, path_edges: list[int]) -> None:
-    network = built.network
-    steps: list[tuple[str, str]] = []
-    for e in path_edges:
-        head = network.names[int(network.heads[e])]
-        node_name = head.removesuffix("_in").removesuffix("_out")
-        steps.append((node_name, built.edge_reasons[e]))
-    raise InfeasibleMinCutError(steps)
 
 
 def solve_min_cut(
@@ -89,22 +80,12 @@ def solve_min_cut_detailed(
     ctx = PolicyContext.create(op_types or default_op_types(), node_info, min_cut_options, config)
     if config.debug:
         print_banned_ops(joint_graph, ctx.op_types)
-    built = build_network(joint_graph, ctx, dont_ban, memo)
-    path = infinite_path(built.network)
-    if path is not None:
-        _raise_infeasible(built, path)
-    solver_name, solver = selected_solver(config.min_cut_solver)
-    cut = solver(built.network)
-    if cut.value == float("inf"):
-        raise AssertionError(f"solver {solver_name!r} found no finite cut on a feasible network")
-    order = {node: i for i, node in enumerate(joint_graph.nodes)}
-    saved = {built.edge_nodes[e] for e in cut.cut_edges(built.network).tolist()}
-    if None in saved:
-        raise AssertionError(f"solver {solver_name!r} cut an infinite edge")
-    saved_values = sorted(saved, key=order.__getitem__)
-    log.debug("min-cut (%s) value %s saves %s", solver_name, cut.value,
-              [n.name for n in saved_values])
-    return MinCutSolution(saved_values, built.banned, built, cut, solver_name)
+    solver_name, _ = selected_solver(config.min_cut_solver)
+    saved_values, banned, result = cut_fx_graph(joint_graph, ctx, dont_ban, memo, solver_name)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("min-cut (%s) value %s saves %s", solver_name, result.cost,
+                  [n.name for n in saved_values])
+    return MinCutSolution(saved_values, banned, result, result.cut, solver_name)
 
 
 def print_banned_ops(joint_graph: fx.Graph, op_types: OpTypes) -> None:

@@ -1,0 +1,569 @@
+"""A graph-agnostic min-cut partitioner: a joint graph described in plain data, no torch.fx.
+
+A front end (the fx adapter in ``network.py``, or any other compiler) describes each node of
+its joint forward/backward graph as a ``CoreNode``: an id, the ids it reads, its output bytes,
+a category and where it is needed. ``partition`` builds the min-cut flow network from that
+description and solves it with ``mincut.py``'s solvers; it returns the saved set, the cut's
+cost and, per node, a decision with a reason.
+
+The network (torch's construction): every node ``n`` becomes ``n_in`` and ``n_out``; the edge
+``n_in -> n_out`` costs what saving ``n`` costs, and cutting it means "save n". Infinite edges
+encode what cannot be cut: data dependencies (``n_out -> user_in``), bans on recomputation
+(``source -> n_in``) and backward needs (``-> sink``).
+
+Rules the core owns (the category-level ones; a front end adds its own heuristics as ban
+reasons, per node in the description or per call in ``partition(bans=...)``):
+
+- ``input``/``parameter`` forward nodes are banned ("primal input"), ``seed`` ones too
+  ("forward RNG seed"); ``effectful`` and ``random`` forward nodes are banned unless the node
+  says ``allow_recompute`` (a front end that replays RNG state, say). A front-end reason wins
+  over the category's.
+- ``view`` nodes and ``must_recompute`` nodes are never banned; ``release`` lifts every ban
+  of the nodes it names.
+- The save cost is ``save_cost`` when given; otherwise infinite for ``opaque`` values and for
+  views under ``recompute_views``, 0 for parameters under ``parameters_are_free``, the bytes
+  for ``symbolic`` scalars, and else the bytes biased towards nodes near the backward
+  (x1.1 per hop, 1 to 100 hops) and doubled when the value would otherwise never exist in
+  memory (every user fuses it: fusible categories are view, pointwise, reduction, random,
+  symbolic).
+
+The graph is validated once when a ``CoreGraph`` is built; its network structure is cached on
+it, so repeated ``partition`` calls (a memory-budget search) only redo the bans and capacities.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import InfeasibleMinCutError
+from .mincut import FlowNetwork, MinCut, get_solver, infinite_path
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CATEGORIES",
+    "CoreDecision",
+    "CoreGraph",
+    "CoreGraphError",
+    "CoreNode",
+    "CorePartition",
+    "partition",
+]
+
+# Every valid CoreNode.category, with what it means.
+CATEGORIES: dict[str, str] = {
+    "input": "a forward input (banned from recomputation)",
+    "parameter": "a forward input that lives for the whole program (free to save)",
+    "seed": "the forward's RNG seed or offset (banned from recomputation)",
+    "tangent": "an input of the backward (a gradient, the backward's RNG seed)",
+    "view": "a view of another value (never banned; infinite save cost under recompute_views)",
+    "pointwise": "an elementwise op (fusible)",
+    "reduction": "a reduction (fusible)",
+    "compute": "a compute-intensive op (matmul, convolution, attention)",
+    "random": "an op that draws random numbers (banned unless allow_recompute)",
+    "effectful": "an op with a side effect (banned unless allow_recompute)",
+    "symbolic": "a symbolic scalar (a size); saving costs its bytes",
+    "opaque": "a value that is not a tensor (cannot be saved)",
+    "other": "any other op",
+}
+FUSIBLE = frozenset({"view", "pointwise", "reduction", "random", "symbolic"})
+INPUT_CATEGORIES = frozenset({"input", "parameter", "seed", "tangent"})
+# Category -> the ban a forward node of it gets when the front end gives no reason.
+CATEGORY_BANS: dict[str, str] = {
+    "input": "primal input",
+    "parameter": "primal input",
+    "seed": "forward RNG seed",
+    "effectful": "effectful op: recomputing would repeat its side effect",
+    "random": "random op: recomputing costs a second draw and a saved RNG state",
+}
+SOLVER_DEFAULT = "scipy"
+
+SOURCE, SINK = 0, 1
+# Edge kinds, for reading a reason back (reasons are formatted only for error messages).
+SAVE, USES, TO_SINK_COMPUTE, TO_SINK_AVAILABLE, TO_SINK_RECOMPUTE, BAN = range(6)
+_DISTANCE_CAP = 100     # hops beyond which the save-cost bias stops growing
+_FAR = int(1e9)         # distance of nodes that never reach the backward
+
+# Decision kinds.
+SAVED, RECOMPUTED, BACKWARD, FORWARD = "saved", "recomputed", "backward", "forward"
+
+
+class CoreGraphError(ValueError):
+    """A CoreGraph description is invalid; the message names the node and what is valid."""
+
+
+@dataclass(frozen=True)
+class CoreNode:
+    """One node of a joint graph, in plain data.
+
+    ``forward``: the forward needs it (it is computable from the forward inputs and reaches a
+    forward output). ``backward``: its value must be available in the backward (a gradient).
+    ``in_backward``: it is part of the backward (depends on a tangent) and is computed there.
+    ``ban``: the front end's reason why it may not be recomputed. ``must_recompute``: a
+    checkpoint annotation; it is recomputed in the backward whatever it costs.
+    ``save_cost``: overrides the category's save cost (``math.inf``: cannot be saved).
+    ``runtime``: an estimate of its cost to compute (reported as recompute time).
+    """
+
+    id: str
+    inputs: tuple[str, ...] = ()
+    nbytes: int = 0
+    category: str = "other"
+    forward: bool = False
+    backward: bool = False
+    in_backward: bool = False
+    runtime: float = 0.0
+    ban: str | None = None
+    allow_recompute: bool = False
+    must_recompute: bool = False
+    save_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise CoreGraphError(f"node id must be a non-empty string; got {self.id!r}")
+        if not isinstance(self.inputs, tuple):
+            object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.category not in CATEGORIES:
+            raise CoreGraphError(f"node '{self.id}' has unknown category {self.category!r}; "
+                                 f"valid categories: {', '.join(CATEGORIES)}")
+        if not self.nbytes >= 0:
+            raise CoreGraphError(f"node '{self.id}' has nbytes {self.nbytes!r}; must be >= 0")
+        if self.save_cost is not None and not self.save_cost >= 0:
+            raise CoreGraphError(f"node '{self.id}' has save_cost {self.save_cost!r}; must be "
+                                 ">= 0 (math.inf: cannot be saved) or None")
+
+
+@dataclass(frozen=True)
+class CoreDecision:
+    """What happened to one node: ``kind`` is saved, recomputed, backward or forward."""
+
+    id: str
+    kind: str
+    reason: str
+    ban: str | None = None   # why it may not be recomputed, when it is banned
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """The option-independent part of a graph's network, built once per CoreGraph."""
+
+    tails: np.ndarray          # int64 [E]
+    heads: np.ndarray          # int64 [E]
+    kinds: np.ndarray          # int8 [E]: SAVE, USES, TO_SINK_*
+    save_edge: np.ndarray      # int64 [N]: node -> its SAVE edge, -1 when it has none
+    edge_node: np.ndarray      # int64 [E]: the node whose SAVE edge it is, else -1
+    bannable: np.ndarray       # bool [N]: bans may apply (not view, must_recompute, backward)
+    names: list[str]           # vertex names: source, sink, <id>_in, <id>_out, ...
+
+
+@dataclass(frozen=True)
+class CoreGraph:
+    """A validated joint graph: ids unique, inputs known, no cycle. Nodes keep their order
+    (results list nodes in it); the network structure is computed once and cached."""
+
+    nodes: tuple[CoreNode, ...]
+    _cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.nodes, tuple):
+            object.__setattr__(self, "nodes", tuple(self.nodes))
+        _validate(self.nodes, self.index)
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Node id -> position."""
+        index: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if not isinstance(node, CoreNode):
+                raise CoreGraphError(f"CoreGraph.nodes[{i}] is a {type(node).__name__}; "
+                                     "expected a CoreNode")
+            if index.setdefault(node.id, i) != i:
+                raise CoreGraphError(f"duplicate node id '{node.id}' (nodes {index[node.id]} "
+                                     f"and {i})")
+        return index
+
+    @functools.cached_property
+    def input_indices(self) -> list[list[int]]:
+        """Per node, the positions of the nodes it reads (each once, in first-read order)."""
+        index = self.index
+        return [list(dict.fromkeys(index[i] for i in node.inputs)) for node in self.nodes]
+
+    @functools.cached_property
+    def users(self) -> list[list[int]]:
+        """Per node, the positions of the nodes that read it, in node order."""
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for i, inputs in enumerate(self.input_indices):
+            for j in inputs:
+                users[j].append(i)
+        return users
+
+    @functools.cached_property
+    def structure(self) -> _Structure:
+        return _build_structure(self)
+
+    @functools.cached_property
+    def nbytes(self) -> np.ndarray:
+        return np.array([n.nbytes for n in self.nodes], dtype=np.float64)
+
+
+def _validate(nodes: tuple[CoreNode, ...], index: Mapping[str, int]) -> None:
+    """Unknown inputs and cycles; nodes out of topological order are fine (fast path first)."""
+    in_order = True
+    for i, node in enumerate(nodes):
+        for name in node.inputs:
+            j = index.get(name)
+            if j is None:
+                raise CoreGraphError(f"node '{node.id}' reads unknown input '{name}'")
+            in_order = in_order and j < i
+        if node.in_backward and node.forward:
+            raise CoreGraphError(f"node '{node.id}' is both forward and in_backward; a node "
+                                 "computed in the backward cannot be needed by the forward")
+    if not in_order:
+        cycle = _find_cycle(nodes, index)
+        if cycle:
+            raise CoreGraphError(f"the graph has a cycle (each node reads the next): "
+                                 f"{' -> '.join(cycle)}")
+
+
+def _find_cycle(nodes: tuple[CoreNode, ...], index: Mapping[str, int]) -> list[str] | None:
+    """One cycle of ids ([a, b, ..., a], following "reads"), else None (iterative DFS)."""
+    state = [0] * len(nodes)  # 0 new, 1 on the stack, 2 done
+    for start in range(len(nodes)):
+        if state[start]:
+            continue
+        stack: list[tuple[int, Iterable[str]]] = [(start, iter(nodes[start].inputs))]
+        state[start] = 1
+        while stack:
+            i, pending = stack[-1]
+            name = next(iter(pending), None)
+            if name is None:
+                state[i] = 2
+                stack.pop()
+                continue
+            j = index[name]
+            if state[j] == 1:
+                path = [k for k, _ in stack]
+                ids = [nodes[k].id for k in path[path.index(j):]]
+                return [*ids, ids[0]]
+            if state[j] == 0:
+                state[j] = 1
+                stack.append((j, iter(nodes[j].inputs)))
+    return None
+
+
+# ---- the network -------------------------------------------------------------------------
+
+def _build_structure(graph: CoreGraph) -> _Structure:
+    """Edges that do not depend on the options, in torch's order (per node: sink edges, save
+    edge, uses); the bans are appended per call."""
+    tails: list[int] = []
+    heads: list[int] = []
+    kinds: list[int] = []
+    save_edge = np.full(len(graph.nodes), -1, dtype=np.int64)
+    users = graph.users
+    bannable = np.zeros(len(graph.nodes), dtype=bool)
+    def add(tail: int, head: int, kind: int) -> None:
+        tails.append(tail)
+        heads.append(head)
+        kinds.append(kind)
+
+    for i, node in enumerate(graph.nodes):
+        v_in, v_out = 2 + 2 * i, 3 + 2 * i
+        if node.in_backward:
+            add(v_in, SINK, TO_SINK_COMPUTE)
+            continue
+        if node.backward:
+            add(v_out, SINK, TO_SINK_AVAILABLE)
+        if node.must_recompute:
+            add(v_in, SINK, TO_SINK_RECOMPUTE)
+            continue
+        bannable[i] = node.category != "view"
+        save_edge[i] = len(tails)
+        add(v_in, v_out, SAVE)
+        for u in users[i]:
+            add(v_out, 2 + 2 * u, USES)
+    edge_node = np.full(len(tails), -1, dtype=np.int64)
+    has_save = save_edge >= 0
+    edge_node[save_edge[has_save]] = np.flatnonzero(has_save)
+    names = ["source", "sink"]
+    for node in graph.nodes:
+        names += (node.id + "_in", node.id + "_out")
+    return _Structure(np.asarray(tails, dtype=np.int64), np.asarray(heads, dtype=np.int64),
+                      np.asarray(kinds, dtype=np.int8), save_edge, edge_node, bannable, names)
+
+
+def distances_from_backward(graph: CoreGraph) -> np.ndarray:
+    """Hops from each forward node to its nearest user outside the forward (0 outside it);
+    forward nodes that never reach the backward get a large distance."""
+    nodes, users = graph.nodes, graph.users
+    dist = np.zeros(len(nodes), dtype=np.int64)
+    for i in _reverse_topological(graph):
+        if nodes[i].forward:
+            dist[i] = min((dist[u] + 1 for u in users[i]), default=_FAR)
+    return np.minimum(dist, _FAR)
+
+
+def _reverse_topological(graph: CoreGraph) -> list[int]:
+    """Node positions, every node after all of its users."""
+    pending = [len(u) for u in graph.users]
+    order = [i for i, count in enumerate(pending) if count == 0]
+    inputs = graph.input_indices
+    for i in order:  # grows while iterated: a Kahn queue over "read by"
+        for j in inputs[i]:
+            pending[j] -= 1
+            if pending[j] == 0:
+                order.append(j)
+    return order
+
+
+def _is_materialized(graph: CoreGraph, i: int) -> bool:
+    """Whether node ``i``'s value exists in memory anyway: an input, or a use that cannot fuse."""
+    node = graph.nodes[i]
+    if node.category in INPUT_CATEGORIES:
+        return True
+    if node.category not in FUSIBLE:
+        return bool(graph.users[i])
+    return any(graph.nodes[u].category not in FUSIBLE for u in graph.users[i])
+
+
+def default_save_costs(graph: CoreGraph, *, recompute_views: bool,
+                       parameters_are_free: bool) -> np.ndarray:
+    """Per node, the cost of saving it (see the module doc); ``save_cost`` overrides win."""
+    cached = graph._cache.get(("costs", recompute_views, parameters_are_free))
+    if cached is not None:
+        return cached
+    dist: np.ndarray | None = None
+    costs = np.zeros(len(graph.nodes), dtype=np.float64)
+    for i, node in enumerate(graph.nodes):
+        if node.save_cost is not None:
+            costs[i] = node.save_cost
+        elif node.category == "opaque" or (recompute_views and node.category == "view"):
+            costs[i] = math.inf
+        elif node.category == "parameter" and parameters_are_free:
+            costs[i] = 0.0
+        elif node.category == "symbolic":
+            costs[i] = node.nbytes
+        else:
+            dist = distances_from_backward(graph) if dist is None else dist
+            hops = max(min(int(dist[i]), _DISTANCE_CAP), 1)
+            cost = int(node.nbytes * (1.1 ** hops))
+            costs[i] = cost if _is_materialized(graph, i) else cost * 2
+    graph._cache[("costs", recompute_views, parameters_are_free)] = costs
+    return costs
+
+
+def _ban_reasons(graph: CoreGraph, bans: Mapping[str, str] | None,
+                 release: Collection[str]) -> dict[int, str]:
+    """Position -> ban reason, in node order: the node's own, the call's, the category's."""
+    index = graph.index
+    call = _positions(graph, bans or {})
+    released = {index[name] for name in release if name in index}
+    bannable = graph.structure.bannable
+    found: dict[int, str] = {}
+    for i in sorted(_candidates(graph) | call.keys()):
+        if not bannable[i] or i in released:
+            continue
+        node = graph.nodes[i]
+        reason = node.ban or call.get(i)
+        if reason is None and node.forward and not node.allow_recompute:
+            reason = CATEGORY_BANS.get(node.category)
+        if reason is not None:
+            found[i] = reason
+    return found
+
+
+def _positions(graph: CoreGraph, bans: Mapping[str, str]) -> dict[int, str]:
+    """The call's bans by position; an unknown id is an error."""
+    index = graph.index
+    found = {}
+    for name, why in bans.items():
+        if name not in index:
+            raise CoreGraphError(f"ban names unknown node '{name}'")
+        found[index[name]] = why
+    return found
+
+
+def _candidates(graph: CoreGraph) -> set[int]:
+    """Nodes banned by the description itself (own reason or category), computed once."""
+    cached = graph._cache.get("candidates")
+    if cached is None:
+        cached = graph._cache["candidates"] = {
+            i for i, node in enumerate(graph.nodes)
+            if node.ban is not None or (node.forward and not node.allow_recompute
+                                        and node.category in CATEGORY_BANS)}
+    return cached
+
+
+def build_network(graph: CoreGraph, banned: Mapping[int, str], *, recompute_views: bool = False,
+                  parameters_are_free: bool = True) -> FlowNetwork:
+    """The flow network of ``graph`` with the given bans (position -> reason)."""
+    structure = graph.structure
+    capacities = np.full(structure.tails.shape[0] + len(banned), math.inf, dtype=np.float64)
+    has_save = structure.save_edge >= 0
+    costs = default_save_costs(graph, recompute_views=recompute_views,
+                               parameters_are_free=parameters_are_free)
+    capacities[structure.save_edge[has_save]] = costs[has_save]
+    ban_heads = 2 + 2 * np.fromiter(banned, dtype=np.int64, count=len(banned))
+    return FlowNetwork(
+        num_nodes=len(structure.names), source=SOURCE, sink=SINK,
+        tails=np.concatenate([structure.tails, np.full(len(banned), SOURCE, dtype=np.int64)]),
+        heads=np.concatenate([structure.heads, ban_heads]),
+        capacities=capacities, names=structure.names,
+    )
+
+
+def edge_reason(graph: CoreGraph, network: FlowNetwork, banned: Mapping[int, str],
+                edge: int) -> str:
+    """Why edge ``edge`` of ``network`` exists (shown for infinite edges on an error)."""
+    structure = graph.structure
+    if edge >= structure.tails.shape[0]:
+        reason = list(banned.values())[edge - structure.tails.shape[0]]
+        return f"cannot recompute: {reason}"
+    kind = int(structure.kinds[edge])
+    tail = (int(network.tails[edge]) - 2) // 2
+    head = (int(network.heads[edge]) - 2) // 2
+    if kind == SAVE:
+        return _save_reason(graph, tail, float(network.capacities[edge]))
+    if kind == USES:
+        return f"{graph.nodes[head].id} uses {graph.nodes[tail].id}"
+    return {TO_SINK_COMPUTE: "must be computed in backward",
+            TO_SINK_AVAILABLE: "must be available for backward",
+            TO_SINK_RECOMPUTE: "must recompute: checkpoint annotation"}[kind]
+
+
+def _save_reason(graph: CoreGraph, i: int, cost: float) -> str:
+    if not math.isinf(cost):
+        return "save cost"
+    node = graph.nodes[i]
+    if node.save_cost is None and node.category == "opaque":
+        return "cannot save: not a tensor"
+    if node.save_cost is None and node.category == "view":
+        return "cannot save: view op (recompute_views=True)"
+    return "cannot save: infinite save cost"
+
+
+def _raise_infeasible(graph: CoreGraph, network: FlowNetwork, banned: Mapping[int, str],
+                      path: list[int]) -> None:
+    steps = []
+    for e in path:
+        head = network.names[int(network.heads[e])]
+        steps.append((head.removesuffix("_in").removesuffix("_out"),
+                      edge_reason(graph, network, banned, e)))
+    raise InfeasibleMinCutError(steps)
+
+
+# ---- solving and reading the cut back ----------------------------------------------------
+
+@dataclass(frozen=True)
+class CorePartition:
+    """The answer: what to save, what it costs, and (``decisions``) why for every node."""
+
+    graph: CoreGraph
+    saved_indices: np.ndarray        # int64, positions in graph order
+    cost: float                      # the cut's value: total save cost of the saved nodes
+    banned_at: dict[int, str]        # position -> ban reason, in node order
+    network: FlowNetwork
+    cut: MinCut
+    solver: str
+
+    @property
+    def saved(self) -> tuple[str, ...]:
+        """Ids of the saved nodes, in graph order."""
+        return tuple(self.graph.nodes[i].id for i in self.saved_indices.tolist())
+
+    @property
+    def saved_bytes(self) -> int:
+        return int(self.graph.nbytes[self.saved_indices].sum())
+
+    @property
+    def banned(self) -> dict[str, str]:
+        """Id -> why it may not be recomputed, in graph order."""
+        return {self.graph.nodes[i].id: why for i, why in self.banned_at.items()}
+
+    @functools.cached_property
+    def _saved_set(self) -> set[int]:
+        return set(self.saved_indices.tolist())
+
+    @functools.cached_property
+    def decisions(self) -> dict[str, CoreDecision]:
+        """Id -> decision, in graph order."""
+        return {node.id: self._decide(i) for i, node in enumerate(self.graph.nodes)}
+
+    @property
+    def recompute_runtime(self) -> float:
+        """Summed runtime of the nodes the backward recomputes."""
+        return float(sum(self.graph.nodes[i].runtime
+                         for i, d in enumerate(self.decisions.values()) if d.kind == RECOMPUTED))
+
+    @functools.cached_property
+    def _reaches_sink(self) -> np.ndarray:
+        """Vertices with a path to the sink over uncut edges: what the backward computes."""
+        network = self.network
+        kept = np.ones(network.num_edges, dtype=bool)
+        kept[self.cut.cut_edges(network)] = False
+        into: dict[int, list[int]] = {}
+        for tail, head in zip(network.tails[kept].tolist(), network.heads[kept].tolist()):
+            into.setdefault(head, []).append(tail)
+        seen = np.zeros(network.num_nodes, dtype=bool)
+        seen[network.sink] = True
+        pending = [network.sink]
+        while pending:
+            for tail in into.get(pending.pop(), ()):
+                if not seen[tail]:
+                    seen[tail] = True
+                    pending.append(tail)
+        return seen
+
+    def _decide(self, i: int) -> CoreDecision:
+        node = self.graph.nodes[i]
+        ban = self.banned_at.get(i)
+        if node.in_backward:
+            return CoreDecision(node.id, BACKWARD, "backward only", ban)
+        if i in self._saved_set:
+            reason = "saved: cut" if ban is None else f"saved: cut; banned: {ban}"
+            return CoreDecision(node.id, SAVED, reason, ban)
+        if self._reaches_sink[2 + 2 * i]:
+            if not node.forward:
+                return CoreDecision(node.id, BACKWARD, "backward only", ban)
+            why = " (must recompute)" if node.must_recompute else ""
+            return CoreDecision(node.id, RECOMPUTED, f"recomputed in backward{why}", ban)
+        if ban is not None:
+            return CoreDecision(node.id, FORWARD, f"banned: {ban}", ban)
+        return CoreDecision(node.id, FORWARD, "forward only: not needed by backward", ban)
+
+
+def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEFAULT,
+              bans: Mapping[str, str] | None = None, release: Collection[str] = (),
+              recompute_views: bool = False, parameters_are_free: bool = True) -> CorePartition:
+    """The cheapest set of values to save so the backward can run (a minimum cut).
+
+    ``bans``: extra ban reasons for this call (id -> reason; the node's own ``ban`` wins).
+    ``release``: ids whose bans are lifted. ``solver``: a name of ``mincut.SOLVERS``.
+    Raises InfeasibleMinCutError (with the offending path) when nothing finite separates the
+    forward inputs from what the backward needs.
+    """
+    if not isinstance(graph, CoreGraph):
+        graph = CoreGraph(tuple(graph))
+    banned = _ban_reasons(graph, bans, release)
+    network = build_network(graph, banned, recompute_views=recompute_views,
+                            parameters_are_free=parameters_are_free)
+    cut = get_solver(solver)(network)
+    if math.isinf(cut.value):
+        path = infinite_path(network)
+        if path is None:
+            raise AssertionError(f"solver {solver!r} found no finite cut on a feasible network")
+        _raise_infeasible(graph, network, banned, path)
+    edges = cut.cut_edges(network)
+    nodes = graph.structure.edge_node[edges[edges < graph.structure.tails.shape[0]]]
+    if nodes.size != edges.size or (nodes < 0).any():
+        raise AssertionError(f"solver {solver!r} cut an infinite edge")
+    saved = np.sort(nodes)
+    log.debug("core min-cut (%s) value %s saves %d nodes", solver, cut.value, saved.size)
+    return CorePartition(graph, saved, float(cut.value), banned, network, cut, solver)

@@ -1,0 +1,70 @@
+"""The fx path is one adapter onto the graph-agnostic core, and decides what it decided before.
+
+``data/core_golden.json`` holds the saved nodes, saved bytes and bans of every zoo model at
+budgets 1.0 / 0.5 / 0.0 as the code of git rev 4bf4f02 (before the core) decided them; see
+``data/make_core_golden.py`` for how it was made and how to regenerate it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from aot_partition import core
+from aot_partition.classify import classify, default_op_types
+from aot_partition.config import MinCutOptions, PartitionConfig
+from aot_partition.network import fx_core_graph
+from aot_partition.partitioners import partition_with_report
+from aot_partition.policy import PolicyContext
+from aot_partition.prepare import prepared_joint
+from aot_partition.solve import solve_min_cut_detailed
+from zoo import ZOO, make_case
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "core_golden.json").read_text())
+BUDGETS = ("1.0", "0.5", "0.0")
+
+
+def _joint(capture, name):
+    case = make_case(name)
+    inputs = tuple(t.detach().clone().requires_grad_(t.is_floating_point()) for t in case.inputs)
+    return capture(case.module, *inputs)
+
+
+def test_golden_covers_the_zoo():
+    assert sorted(GOLDEN) == sorted(ZOO)
+    assert all(sorted(GOLDEN[name]) == sorted(BUDGETS) for name in GOLDEN)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_fx_adapter_decides_as_before(name, capture):
+    joint = _joint(capture, name)
+    for budget in BUDGETS:
+        _, _, report = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
+                                             memory_budget=float(budget))
+        want = GOLDEN[name][budget]
+        got = {"saved": [d.name for d in report.saved], "saved_bytes": report.saved_bytes,
+               "banned": dict(report.banned)}
+        assert got == want, (name, budget)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_description_fed_to_core_gives_the_same_cut(name, capture):
+    """The adapter's description, bans written in, through ``core.partition`` directly."""
+    joint = _joint(capture, name)
+    module = joint.fresh()
+    config = PartitionConfig()
+    with prepared_joint(module, joint.num_fwd_outputs):
+        info = classify(module, joint.num_fwd_outputs)
+        options = MinCutOptions()
+        solution = solve_min_cut_detailed(module.graph, info, options, config=config)
+        ctx = PolicyContext.create(default_op_types(), info, options, config)
+        graph = fx_core_graph(module.graph, ctx)
+    assert all("." not in n.id for n in graph.nodes)  # plain data: ids, not fx nodes
+    result = core.partition(graph, recompute_views=config.recompute_views,
+                            parameters_are_free=config.treat_parameters_as_free_to_save)
+    assert result.saved == tuple(n.name for n in solution.saved_values)
+    assert result.cost == solution.core.cost
+    assert result.banned == {n.name: why for n, why in solution.banned.items()}
+    kinds = {d.kind for d in result.decisions.values()}
+    assert kinds <= {"saved", "recomputed", "backward", "forward"} and "saved" in kinds
