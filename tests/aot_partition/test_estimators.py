@@ -88,8 +88,34 @@ def test_estimates_are_cached_by_signature(mlp_joint):
 def test_unknown_estimator_lists_valid_ones(mlp_joint):
     mm = node_by_target(mlp_joint, torch.ops.aten.mm)[0]
     with pytest.raises(ValueError, match="Unknown runtime estimator 'guess'; valid: flops, "
-                                         "profile, testing"):
+                                         "roofline, profile, testing"):
         estimate_runtime(mm, "guess")
+
+
+def test_profile_keeps_the_random_stream():
+    # The partitioner runs before the forward: profiling a random op must not shift the draws.
+    joint = joint_graph_of(lambda x: torch.nn.functional.dropout(x, 0.5).sum(),
+                           torch.randn(64, 64, requires_grad=True))
+    dropout = node_by_target(joint, torch.ops.aten.native_dropout)
+    assert dropout
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    assert estimate_runtime(dropout[0], "profile") > 0
+    torch.testing.assert_close(torch.rand(4), expected)
+
+
+def test_profile_falls_back_to_roofline_when_the_op_fails(mlp_joint, monkeypatch):
+    estimators.clear_runtime_cache()
+    relu = node_by_target(mlp_joint, torch.ops.aten.relu)[0]
+
+    def broken(node, on_cuda):
+        raise RuntimeError("no kernel for zero-filled arguments")
+
+    monkeypatch.setattr(estimators, "_run_and_time", broken)
+    ms = estimate_runtime(relu, "profile")
+    assert ms > 0 and ms == pytest.approx(estimate_runtime(relu, "roofline") * 1e3)
+    estimators.clear_runtime_cache()
 
 
 @pytest.mark.cuda

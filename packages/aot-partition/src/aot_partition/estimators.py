@@ -4,13 +4,21 @@ Estimators (the flag ``activation_memory_budget_runtime_estimator``):
 
 - ``"flops"``: FLOPs counted by torch's FLOP counter on meta-device arguments of the node's
   shapes (no data is touched); ops without a FLOP formula count as 1.
+- ``"roofline"``: seconds, max(FLOPs / peak FLOP/s, bytes moved / memory bandwidth) for the
+  node's device (``roofline.py``): pointwise chains and reductions cost their memory traffic
+  instead of nearly nothing, views cost 0.
 - ``"profile"``: milliseconds measured by running the op on zero-filled arguments: Triton's
-  ``do_bench`` on CUDA (CUDA events when Triton is absent), a wall-clock timer on CPU.
+  ``do_bench`` on CUDA (CUDA events when Triton is absent), a wall-clock timer on CPU. The
+  global RNG state is restored afterwards (profiling a random op must not shift the user's
+  random stream); an op that fails on zero-filled arguments gets its roofline time, in ms.
 - ``"testing"``: 1 for every node.
 
-Estimates are cached by (estimator, op, argument signature), so the repeated blocks of a deep
-model are estimated once. Symbolic sizes are read through ``sizes.size_hint``, as the byte
-model reads them.
+Units differ between estimators (FLOPs, seconds, milliseconds); the budget search only compares
+estimates of one estimator within one search, so only their ratios matter.
+
+Estimates are cached by (estimator, op, argument signature; for "roofline" also the device
+overrides and float32 matmul precision), so the repeated blocks of a deep model are estimated
+once. Symbolic sizes are read through ``sizes.size_hint``, as the byte model reads them.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from .flags import read_flag
+from .config import PartitionConfig
+from .roofline import is_matmul_like, roofline_seconds, settings_version
 from .sizes import size_hint
 
 log = logging.getLogger(__name__)
@@ -37,9 +46,10 @@ __all__ = [
     "clear_runtime_cache",
     "count_flops",
     "estimate_runtime",
+    "roofline_runtime",
 ]
 
-RUNTIME_ESTIMATORS = ("flops", "profile", "testing")
+RUNTIME_ESTIMATORS = ("flops", "roofline", "profile", "testing")
 
 _cache: dict[tuple[Any, ...], float] = {}
 
@@ -48,7 +58,7 @@ def check_estimator(name: str | None) -> str:
     """``name``, or the flag ``activation_memory_budget_runtime_estimator`` when None; an
     unknown name raises ValueError listing the valid ones."""
     if name is None:
-        name = str(read_flag("activation_memory_budget_runtime_estimator"))
+        name = PartitionConfig.from_flags().runtime_estimator
     if name not in RUNTIME_ESTIMATORS:
         raise ValueError(f"Unknown runtime estimator {name!r}; valid: "
                          f"{', '.join(RUNTIME_ESTIMATORS)} "
@@ -134,7 +144,32 @@ def materialize_value(val: Any) -> Any:
     return val
 
 
+def roofline_runtime(node: fx.Node) -> float:
+    """The "roofline" estimate of ``node`` in seconds (FLOPs counted only for matmul-like ops:
+    the others are timed by their bytes)."""
+    return roofline_seconds(node, count_flops(node) if is_matmul_like(node) else None)
+
+
+def _on_cuda(node: fx.Node) -> bool:
+    # Read from the node's values, so an op without tensor arguments (full, arange) counts too.
+    values = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
+    return any(isinstance(v, torch.Tensor) and v.is_cuda for v in pytree.tree_leaves(values))
+
+
 def _profile_ms(node: fx.Node) -> float:
+    on_cuda = _on_cuda(node)
+    devices = [torch.cuda.current_device()] if on_cuda else []
+    # fork_rng: profiling a random op draws from the global generator, which would shift every
+    # later draw of the user's program (the forward has not run yet when the partitioner does).
+    with torch.random.fork_rng(devices=devices):
+        try:
+            return _run_and_time(node, on_cuda)
+        except Exception as exc:  # e.g. an op that rejects zero-filled arguments
+            log.debug("profile of %s failed (%s); using its roofline time", node.name, exc)
+            return roofline_runtime(node) * 1e3
+
+
+def _run_and_time(node: fx.Node, on_cuda: bool) -> float:
     materialize = _materializer(None, fill=True)
     args, kwargs = pytree.tree_map(materialize, (node.args, node.kwargs))
     from torch.utils._mode_utils import no_dispatch
@@ -144,16 +179,15 @@ def _profile_ms(node: fx.Node) -> float:
     def run() -> None:
         op(*args, **kwargs)
 
-    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda
-                  for a in pytree.tree_leaves((args, kwargs)))
     with no_dispatch():
-        if on_cuda:
-            try:
-                do_bench = importlib.import_module("triton.testing").do_bench
-            except ImportError:
-                return _cuda_event_ms(run)
-            return float(do_bench(run))
-        return _wall_clock_ms(run)
+        if not on_cuda:
+            return _wall_clock_ms(run)
+        try:  # Triton is optional; importing it can fail in more ways than ImportError
+            do_bench = importlib.import_module("triton.testing").do_bench
+        except Exception:
+            return _cuda_event_ms(run)
+        # do_bench synchronizes around its CUDA-event timing and returns milliseconds.
+        return float(do_bench(run))
 
 
 def _wall_clock_ms(run: Callable[[], None], repeats: int = 5) -> float:
@@ -168,6 +202,7 @@ def _wall_clock_ms(run: Callable[[], None], repeats: int = 5) -> float:
 
 def _cuda_event_ms(run: Callable[[], None], repeats: int = 10) -> float:
     run()
+    torch.cuda.synchronize()  # the warm-up and the argument fills are not timed
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
@@ -178,7 +213,8 @@ def _cuda_event_ms(run: Callable[[], None], repeats: int = 10) -> float:
 
 
 def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
-    """The estimated cost of recomputing ``node`` (FLOPs, milliseconds or 1, see module doc).
+    """The estimated cost of recomputing ``node`` (FLOPs, seconds, milliseconds or 1, see the
+    module doc).
 
     ``estimator`` defaults to the flag ``activation_memory_budget_runtime_estimator``.
     """
@@ -187,8 +223,11 @@ def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
         return 1.0
     if node.op != "call_function" or not callable(node.target):
         return 1.0
-    key = (estimator, node.target, _signature(node.args), _signature(node.kwargs))
-    measure = count_flops if estimator == "flops" else _profile_ms
+    key: tuple[Any, ...] = (estimator, node.target, _signature(node.args),
+                            _signature(node.kwargs))
+    if estimator == "roofline":
+        key += (settings_version(),)
+    measure = _MEASURES[estimator]
     try:
         cached = _cache.get(key)
     except TypeError:  # an unhashable argument: estimate without caching
@@ -196,3 +235,7 @@ def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
     if cached is None:
         cached = _cache[key] = measure(node)
     return cached
+
+
+_MEASURES: dict[str, Callable[[fx.Node], float]] = {
+    "flops": count_flops, "roofline": roofline_runtime, "profile": _profile_ms}
