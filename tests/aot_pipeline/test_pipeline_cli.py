@@ -58,6 +58,31 @@ def test_pareto_writes_a_png_and_a_table(tmp_path):
     budgets, ratios = zip(*((float(row.split()[0]), float(row.split()[1])) for row in table))
     assert budgets == (1.0, 0.5, 0.0)
     assert ratios[0] == 1.0 and ratios[1] < 1.0  # a lower budget saves less
+    _assert_peak_columns(result.stdout)
+
+
+def _bytes_of(cell: str) -> float:
+    number, unit = cell.split()
+    return float(number) * {"B": 1, "KiB": 2**10, "MiB": 2**20}[unit]
+
+
+def _assert_peak_columns(stdout: str) -> None:
+    """The simulated-peak and recompute-estimate columns, ours and torch's, are filled."""
+    import re
+
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("budget"))
+    headers = re.split(r"\s{2,}", lines[at].strip())
+    assert headers[4:] == ["peak", "recompute est.", "torch peak", "torch recompute est."]
+    rows = [dict(zip(headers, re.split(r"\s{2,}", line.strip())))
+            for line in lines[at + 2:at + 5]]
+    for row in rows:
+        # The peak holds at least the saved activations; torch's graphs are scored alike.
+        assert _bytes_of(row["peak"]) >= _bytes_of(row["saved bytes"])
+        assert _bytes_of(row["torch peak"]) > 0
+    ours = [float(row["recompute est."]) for row in rows]
+    theirs = [float(row["torch recompute est."]) for row in rows]
+    assert ours[0] <= ours[-1] and theirs[0] <= theirs[-1]  # budget 0 recomputes the most
 
 
 def _assert_one_line_error(result: subprocess.CompletedProcess, match: str) -> None:

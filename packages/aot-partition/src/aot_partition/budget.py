@@ -22,6 +22,11 @@ A budget in bytes (``activation_memory_budget_bytes``, ``BudgetSearch.within_byt
 of a fixed set of candidate cuts (``cut_candidates``: the runtime-optimal cut and the cuts at
 the fractions of ``BYTE_BUDGET_FRACTIONS``) with ``choose_candidate``; the measure compared
 with the cap is a function of a candidate (``activation_bytes`` by default).
+
+A cap on the simulated peak (``activation_memory_peak_bytes``, ``SimulatedPeak``) picks from the
+same candidates with the same rule; the measure is the absolute peak of one forward+backward
+step as memory.py simulates it, inputs and parameters included (``BudgetSearch.within_caps``
+takes both caps at once). Candidates are simulated only when such a cap is set.
 """
 
 from __future__ import annotations
@@ -35,17 +40,26 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 import torch.fx as fx
+from torch.fx.experimental._backward_state import BackwardState
+from torch.fx.experimental.proxy_tensor import is_sym_node
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from . import memory
 from .classify import FAR_FROM_BACKWARD, NodeInfo
 from .config import PartitionConfig
 from .errors import UnreachableMemoryBudgetError
 from .estimators import check_estimator, estimate_runtime
-from .extract import backward_live_nodes, used_backward_inputs
-from .ilp_graph import SaveOrRecompute, solve_save_or_recompute
+from .extract import (
+    backward_live_nodes,
+    extract_forward_backward_graphs,
+    is_assert_only_symbool,
+    used_backward_inputs,
+)
+from .ilp_graph import SaveOrRecompute, evaluate, solve_save_or_recompute
 from .joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
 from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
 from .network import NetworkMemo
+from .passes import reorder_backward, replay_random_ops
 from .passes.rng import device_of, rng_state_nbytes
 from .policy import MinCutOptions, never_recompute
 from .sizes import node_nbytes
@@ -57,12 +71,23 @@ __all__ = [
     "BUDGET_SOLVERS",
     "BYTE_BUDGET_FRACTIONS",
     "BudgetSearch",
+    "Cap",
     "CutCandidate",
+    "CutGraphs",
+    "CutMeasure",
+    "SimulatedPeak",
     "activation_bytes",
+    "byte_cap",
     "choose_candidate",
+    "choose_under_caps",
     "choose_saved_values_set",
+    "extract_cut",
+    "finish_cut",
+    "peak_cap",
+    "recompute_estimate",
     "validate_memory_budget",
     "validate_memory_budget_bytes",
+    "validate_peak_bytes",
 ]
 
 # Budget solvers that look at the graph, not only at the knapsack items.
@@ -85,6 +110,13 @@ def validate_memory_budget_bytes(cap: int) -> int:
     """``cap`` as an int; ValueError unless it is a whole number of bytes, 0 or more."""
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
         raise ValueError(f"activation memory budget in bytes must be an int >= 0; got {cap!r}")
+    return cap
+
+
+def validate_peak_bytes(cap: int) -> int:
+    """``cap`` as an int; ValueError unless it is a whole number of bytes, 0 or more."""
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise ValueError(f"activation memory peak in bytes must be an int >= 0; got {cap!r}")
     return cap
 
 
@@ -262,7 +294,8 @@ class BudgetSearch:
             # memory and only spends what it saves in recompute.
             reference, reference_runtime = self._escalation_or_knapsack(memory_budget, "dp")
             found = ilp_graph_saved_values(self, memory_budget,
-                                           max_bytes=_activation_bytes(reference))
+                                           max_bytes=_activation_bytes(reference),
+                                           reference=reference)
             return found if found is not None else (reference, reference_runtime)
         return self._escalation_or_knapsack(memory_budget, self.solver)
 
@@ -311,11 +344,21 @@ class BudgetSearch:
         """
         cap = validate_memory_budget_bytes(cap)
         if measure is None:
-            measure = functools.partial(activation_bytes, self)
+            return self.within_caps([byte_cap(self, cap)])
+        return self.within_caps([Cap(cap, measure)])
+
+    def within_caps(self, caps: Sequence[Cap]) -> CutCandidate:
+        """The cut to take under every cap of ``caps`` (see ``choose_under_caps``).
+
+        The runtime-optimal cut is measured first: when it fits every cap no other candidate
+        is made or measured, so ample caps cost one measurement each.
+        """
+        if not caps:
+            raise ValueError("within_caps: no cap given")
         top = self.candidate(self.runtime_optimal, "runtime-optimal", 0)
-        if measure(top) <= cap:
+        if all(cap.measure(top) <= cap.limit for cap in caps):  # short-circuits: cheap first
             return top
-        return choose_candidate(self.cut_candidates(), cap, measure)
+        return choose_under_caps(self.cut_candidates(), caps)
 
     def _recompute_everything(self) -> list[fx.Node]:
         """The least memory: the inputs alone (the seed's answer) or the min-cut with every
@@ -370,17 +413,44 @@ def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> Knapsack
     return runtime, kept, sorted(released)
 
 
+def _ilp_forward_nodes(search: BudgetSearch) -> list[fx.Node]:
+    """The MILP's forward nodes, in graph order: the required forward nodes (not inputs) and
+    the unclaimed nodes computable from them (the mean/rstd ``getitem``s of a forward
+    ``native_layer_norm`` that only the backward reads). The min cut can save those; without
+    them the MILP could reach them only by recomputing the tuple node."""
+    info = search.node_info
+    inputs = set(info.inputs)
+    found: set[fx.Node] = set()
+    for node in search.joint_graph.nodes:
+        if node in inputs or node.op != "call_function":
+            continue
+        if node in info.required_fw or (node in info.unclaimed and all(
+                arg in found or arg in inputs for arg in node.all_input_nodes)):
+            found.add(node)
+    return [node for node in search.joint_graph.nodes if node in found]
+
+
+def _ilp_savable(node: fx.Node) -> bool:
+    """The min cut's rule (network.py): a tensor, a symbolic scalar or a BackwardState can be
+    saved; a tuple-valued node (``native_layer_norm``) cannot, its ``getitem``s are."""
+    return is_sym_node(node) or isinstance(node.meta.get("val"), (torch.Tensor, BackwardState))
+
+
 def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
-                           max_bytes: float | None = None) -> tuple[list[fx.Node], float] | None:
+                           max_bytes: float | None = None,
+                           reference: Sequence[fx.Node] | None = None
+                           ) -> tuple[list[fx.Node], float] | None:
     """The "ilp_graph" answer: (saved values in graph order, estimated recompute runtime).
 
     Describes the forward graph as arrays for ``ilp_graph.solve_save_or_recompute`` and reads
-    its answer back. ``max_bytes`` caps the saved bytes further (the "dp" answer's). None when
-    HiGHS finds no feasible answer in time.
+    its answer back. ``max_bytes`` caps the saved bytes further (the "dp" answer's);
+    ``reference`` (the "dp" answer's saved values) competes with the MILP's answer. None when
+    the reference is no worse, or HiGHS finds no feasible answer in time: the caller then uses
+    the "dp" answer.
     """
     info = search.node_info
-    inputs = set(info.inputs)
-    forward = [n for n in info.required_fw_nodes if n not in inputs and n.op != "placeholder"]
+    forward = _ilp_forward_nodes(search)
+    forward_set = set(forward)
     graph_inputs = list(info.inputs)
     index = {node: i for i, node in enumerate(forward)}
     n = len(forward)
@@ -388,7 +458,7 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
     still_banned = set(search.aggressive_banned) - set(search.candidates)
 
     def read_by_backward(node: fx.Node) -> bool:
-        return any(user not in info.required_fw and user.op != "output" for user in node.users)
+        return any(user not in forward_set and user.op != "output" for user in node.users)
 
     capacity = search.min_bytes + max(memory_budget, 0.0) * (search.max_bytes - search.min_bytes)
     if max_bytes is not None:
@@ -403,10 +473,17 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
         reads=[[index[arg] for arg in node.all_input_nodes if arg in index] for node in forward],
         capacity=capacity,
         estimator=search.estimator,
+        savable=np.array([_ilp_savable(node) for node in forward], dtype=bool),
     )
-    answer = solve_save_or_recompute(problem)
-    if answer is None:
-        log.info("ilp_graph: no answer at budget %.3f; using the dp answer", memory_budget)
+    baseline = None
+    if reference is not None:
+        kept = set(reference)
+        baseline = evaluate(problem, np.array([node in kept for node in forward], dtype=bool),
+                            np.array([node in kept for node in graph_inputs], dtype=bool))
+    answer = solve_save_or_recompute(problem, reference=baseline)
+    if answer is None or answer.source == "reference":
+        log.info("ilp_graph: at budget %.3f the dp answer is used (%s)", memory_budget,
+                 "no MILP answer" if answer is None else "no worse than the MILP's")
         return None
     chosen = {forward[v] for v in np.flatnonzero(answer.save).tolist()}
     chosen |= {graph_inputs[k] for k in np.flatnonzero(answer.keep).tolist()}
@@ -489,3 +566,148 @@ def choose_candidate(candidates: Sequence[CutCandidate], cap: int, measure: Meas
         least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
         raise UnreachableMemoryBudgetError(what, cap, amount, least.label, verb)
     return min(fitting, key=lambda t: t[:4])[4]
+
+
+@dataclass(frozen=True)
+class Cap:
+    """One cap a candidate must meet: ``measure(candidate) <= limit``; ``what`` and ``verb``
+    word the error when nothing does (see ``choose_candidate``)."""
+
+    limit: int
+    measure: Measure
+    what: str = "activation memory budget"
+    verb: str = "save"
+
+
+def byte_cap(search: BudgetSearch, limit: int) -> Cap:
+    """The cap on saved activation bytes (``activation_bytes``)."""
+    return Cap(validate_memory_budget_bytes(limit), functools.partial(activation_bytes, search))
+
+
+def peak_cap(limit: int, peak: SimulatedPeak, *, after_byte_cap: bool = False) -> Cap:
+    """The cap on the simulated peak; ``after_byte_cap``: it only sees the candidates within a
+    byte cap, which its error then says."""
+    verb = "peak at within the activation memory budget" if after_byte_cap else "peak at"
+    return Cap(validate_peak_bytes(limit), peak, "simulated memory peak cap", verb)
+
+
+def _within(candidates: Sequence[CutCandidate], cap: Cap) -> list[CutCandidate]:
+    """The candidates that fit ``cap``; UnreachableMemoryBudgetError when none does."""
+    measured = [(c, cap.measure(c)) for c in candidates]
+    fitting = [c for c, m in measured if m <= cap.limit]
+    if not fitting:
+        least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
+        raise UnreachableMemoryBudgetError(cap.what, cap.limit, amount, least.label, cap.verb)
+    return fitting
+
+
+def choose_under_caps(candidates: Sequence[CutCandidate], caps: Sequence[Cap]) -> CutCandidate:
+    """``choose_candidate`` under several caps: every cap but the last filters the candidates
+    (in order, so a cheap measure spares the costly ones), the last chooses among the rest.
+
+    Still monotone in each cap: the candidates and their order are fixed, so lowering a cap
+    only removes candidates, and an answer that still fits stays the answer.
+    """
+    remaining: Sequence[CutCandidate] = candidates
+    for cap in caps[:-1]:
+        remaining = _within(remaining, cap)
+    last = caps[-1]
+    return choose_candidate(remaining, last.limit, last.measure, what=last.what, verb=last.verb)
+
+
+# ---- the cap on the simulated peak ------------------------------------------------------------
+
+@dataclass
+class CutGraphs:
+    """The forward and backward graphs of one cut, as the partition builds them (no code)."""
+
+    fw: fx.Graph
+    bw: fx.Graph
+    saved_values: list[fx.Node]
+    saved_sym_nodes: list[fx.Node]
+    replayed: list[str] = field(default_factory=list)  # random ops replaying the fw's RNG
+
+
+def extract_cut(joint_module: fx.GraphModule, chosen: Sequence[fx.Node], *,
+                num_fwd_outputs: int) -> CutGraphs:
+    """Cut the joint at ``chosen`` (tensors and symbolic scalars): bare graphs, no passes."""
+    saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not is_assert_only_symbool(n)]
+    saved_values = [n for n in chosen if not is_sym_node(n)]
+    fw, bw, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
+        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+    return CutGraphs(fw, bw, saved_values, saved_sym_nodes)
+
+
+def finish_cut(cut: CutGraphs) -> CutGraphs:
+    """The passes the partition runs on a cut's graphs, in place: RNG replay, then the backward
+    reordered like the autograd engine runs it. Returns ``cut``."""
+    # Recompute must be a pure replay: every random op run again in the backward replays the
+    # forward's RNG state, whatever made it recomputed.
+    cut.replayed = replay_random_ops(cut.fw, cut.bw, len(cut.saved_sym_nodes))
+    reorder_backward(cut.bw)
+    return cut
+
+
+@dataclass(frozen=True)
+class CutMeasure:
+    """What ``SimulatedPeak`` measured of one cut."""
+
+    peak_bytes: int                          # the absolute simulated peak (inputs included)
+    baseline_bytes: int                      # of which, forward inputs alive before the step
+    recompute_runtime: float | None = None   # see recompute_estimate; None without estimator
+
+
+def recompute_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None) -> float:
+    """The estimated runtime the backward spends recomputing: the estimates (``estimator``) of
+    the forward nodes that appear again in the backward (same name; extraction, torch's too,
+    keeps the joint's names). A formula that scores any partitioner's graphs alike."""
+    forward = {n.name for n in fw.nodes if n.op == "call_function"}
+    return float(sum(estimate_runtime(n, estimator) for n in bw.nodes
+                     if n.op == "call_function" and n.name in forward))
+
+
+@dataclass
+class SimulatedPeak:
+    """The measure of a peak cap: a cut's simulated forward+backward peak, in bytes.
+
+    Absolute: what is live at the step's high-water mark, forward inputs (the batch,
+    parameters and buffers), user outputs, saved values, tangents, temporaries and gradients
+    included, as ``memory.simulate_partition`` counts it (fx-level, no allocator rounding, no
+    kernel workspace). The graphs are the partition's own (``extract_cut`` + ``finish_cut``).
+    ``static_input_indices`` label parameters (they are resident either way). Results are
+    cached by saved set, so one search measures each cut once; ``estimator`` also estimates
+    each cut's recompute runtime (``recompute_estimate``, the Pareto sweep's y).
+    """
+
+    joint_module: fx.GraphModule
+    num_fwd_outputs: int
+    static_input_indices: tuple[int, ...] | None = None
+    estimator: str | None = None
+    _measured: dict[frozenset[fx.Node], CutMeasure] = field(default_factory=dict, repr=False)
+
+    def __call__(self, candidate: CutCandidate) -> int:
+        return self.of(candidate.saved).peak_bytes
+
+    @property
+    def simulations(self) -> int:
+        """How many cuts were simulated so far."""
+        return len(self._measured)
+
+    def of(self, saved: Sequence[fx.Node]) -> CutMeasure:
+        """The measure of the cut that saves ``saved`` (cached)."""
+        key = frozenset(saved)
+        found = self._measured.get(key)
+        if found is None:
+            found = self._measured[key] = self._measure(saved)
+        return found
+
+    def _measure(self, saved: Sequence[fx.Node]) -> CutMeasure:
+        cut = extract_cut(self.joint_module, saved, num_fwd_outputs=self.num_fwd_outputs)
+        recompute = (None if self.estimator is None
+                     else recompute_estimate(cut.fw, cut.bw, self.estimator))
+        finish_cut(cut)
+        timeline = memory.simulate_partition(cut.fw, cut.bw,
+                                             static_input_indices=self.static_input_indices)
+        log.debug("simulated peak %d bytes (%d before the step) for %d saved values",
+                  timeline.peak_bytes, timeline.baseline_bytes, len(cut.saved_values))
+        return CutMeasure(timeline.peak_bytes, timeline.baseline_bytes, recompute)

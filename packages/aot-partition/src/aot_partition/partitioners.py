@@ -17,25 +17,26 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch.fx as fx
-from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from ._compat import make_graph_module
 from .budget import (
     BudgetSearch,
+    Cap,
+    SimulatedPeak,
     activation_bytes,
+    byte_cap,
+    extract_cut,
+    finish_cut,
+    peak_cap,
     validate_memory_budget,
     validate_memory_budget_bytes,
+    validate_peak_bytes,
 )
 from .classify import NodeInfo, classify
 from .config import PartitionConfig
-from .extract import (
-    default_saved_values,
-    extract_forward_backward,
-    extract_forward_backward_graphs,
-    is_assert_only_symbool,
-)
+from .extract import default_saved_values, extract_forward_backward
 from .pareto import sweep, write_pareto_png
-from .passes import has_recomputable_ops, reorder_backward, replay_random_ops
+from .passes import has_recomputable_ops
 from .policy import MinCutOptions, active_rule_names
 from .prepare import prepared_joint
 from .report import PartitionReport, build_report, log_report
@@ -108,29 +109,37 @@ def explain_partition(joint_module: fx.GraphModule, joint_inputs: Any, *, num_fw
                       memory_budget: float | None = None,
                       static_lifetime_input_indices: list[int] | None = None,
                       memory_budget_bytes: int | None = None,
+                      peak_bytes: int | None = None,
                       config: PartitionConfig | None = None) -> PartitionReport:
     """Run the min-cut partitioner on a copy of ``joint_module`` and say what it decided.
 
     ``memory_budget`` overrides the config's fraction (0 <= budget <= 1), ``memory_budget_bytes``
-    its cap on saved activation bytes (which wins over any fraction).
+    its cap on saved activation bytes and ``peak_bytes`` its cap on the simulated peak (the
+    caps win over any fraction; both hold when both are set).
     """
     if memory_budget is not None:
         validate_memory_budget(memory_budget)
     _, _, report = partition_with_report(
         copy.deepcopy(joint_module), num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_indices=static_lifetime_input_indices,
-        memory_budget=memory_budget, memory_budget_bytes=memory_budget_bytes, config=config)
+        memory_budget=memory_budget, memory_budget_bytes=memory_budget_bytes,
+        peak_bytes=peak_bytes, config=config)
     return report
 
 
-def call_config(config: PartitionConfig | None, memory_budget_bytes: int | None = None
-                ) -> PartitionConfig:
-    """The one config of a partition call: ``config``, or the flags read now, with a byte
-    cap given as an argument on top."""
+def call_config(config: PartitionConfig | None, memory_budget_bytes: int | None = None,
+                peak_bytes: int | None = None) -> PartitionConfig:
+    """The one config of a partition call: ``config``, or the flags read now, with the byte
+    caps given as arguments on top (each checked)."""
     config = config if config is not None else PartitionConfig.from_flags()
     if memory_budget_bytes is not None:
-        config = config.replace(memory_budget_bytes=validate_memory_budget_bytes(
-            memory_budget_bytes))
+        config = config.replace(memory_budget_bytes=memory_budget_bytes)
+    if peak_bytes is not None:
+        config = config.replace(peak_bytes=peak_bytes)
+    if config.memory_budget_bytes is not None:
+        validate_memory_budget_bytes(config.memory_budget_bytes)
+    if config.peak_bytes is not None:
+        validate_peak_bytes(config.peak_bytes)
     return config
 
 
@@ -152,6 +161,7 @@ class _Choice:
     solution: MinCutSolution | None
     options: MinCutOptions                 # the options of the cut that chose ``saved``
     activation_bytes: int | None = None    # set under a byte budget (budget.activation_bytes)
+    simulated_peak: int | None = None      # set under a peak cap (budget.SimulatedPeak)
 
 
 def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
@@ -165,21 +175,55 @@ def _options_for(search: BudgetSearch, saved: list[fx.Node]) -> MinCutOptions:
     return search.options_of.get(frozenset(saved), search.options)
 
 
-def _choose_within_bytes(search: BudgetSearch, config: PartitionConfig, cap: int) -> _Choice:
-    chosen = search.within_bytes(cap)
+def _caps(search: BudgetSearch, config: PartitionConfig, peak: SimulatedPeak | None
+          ) -> list[Cap]:
+    """The call's caps, the cheap byte cap first (it filters what the simulator measures)."""
+    caps = []
+    if config.memory_budget_bytes is not None:
+        caps.append(byte_cap(search, config.memory_budget_bytes))
+    if config.peak_bytes is not None:
+        assert peak is not None
+        caps.append(peak_cap(config.peak_bytes, peak, after_byte_cap=bool(caps)))
+    return caps
+
+
+def _cap_words(config: PartitionConfig) -> str:
+    words = []
+    if config.memory_budget_bytes is not None:
+        words.append(f"a {config.memory_budget_bytes}-byte budget")
+    if config.peak_bytes is not None:
+        words.append(f"a {config.peak_bytes}-byte peak cap")
+    return " and ".join(words)
+
+
+def _choose_under_caps(search: BudgetSearch, config: PartitionConfig,
+                       peak: SimulatedPeak | None) -> _Choice:
+    chosen = search.within_caps(_caps(search, config, peak))
     saved = list(chosen.saved)
     nbytes = activation_bytes(search, chosen)
-    log.info("memory budget %d bytes (%s): chose %s, %d activation bytes, recompute runtime "
-             "%.4g", cap, search.solver, chosen.label, nbytes, chosen.runtime)
-    solution = _labelled(search, saved, f"{chosen.label} cut under a {cap}-byte budget")
-    return _Choice(saved, solution, _options_for(search, saved), nbytes)
+    simulated = peak(chosen) if peak is not None else None  # cached: measured while choosing
+    log.info("memory caps (%s): chose %s, %d activation bytes, simulated peak %s, recompute "
+             "runtime %.4g", _cap_words(config), chosen.label, nbytes, simulated, chosen.runtime)
+    solution = _labelled(search, saved, f"{chosen.label} cut under {_cap_words(config)}")
+    return _Choice(saved, solution, _options_for(search, saved), nbytes, simulated)
+
+
+def _peak_measure(joint_module: fx.GraphModule, num_fwd_outputs: int,
+                  static_lifetime_input_indices: Sequence[int] | None,
+                  config: PartitionConfig) -> SimulatedPeak | None:
+    """The simulator, only when a peak cap is set: without one no cut is simulated."""
+    if config.peak_bytes is None:
+        return None
+    static = (None if static_lifetime_input_indices is None
+              else tuple(static_lifetime_input_indices))
+    return SimulatedPeak(joint_module, num_fwd_outputs, static)
 
 
 def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: float,
-                         config: PartitionConfig) -> _Choice:
-    if config.memory_budget_bytes is not None:
+                         config: PartitionConfig, peak: SimulatedPeak | None) -> _Choice:
+    if config.memory_budget_bytes is not None or config.peak_bytes is not None:
         search = BudgetSearch.prepare(joint_graph, node_info, config=config)
-        return _choose_within_bytes(search, config, config.memory_budget_bytes)
+        return _choose_under_caps(search, config, peak)
     if budget == 1.0:
         solution = solve_min_cut_detailed(joint_graph, node_info, config.options, config=config)
         return _Choice(solution.saved_values, solution, config.options)
@@ -201,15 +245,16 @@ def partition_with_report(
     static_lifetime_input_indices: Sequence[int] | None = None,
     memory_budget: float | None = None,
     memory_budget_bytes: int | None = None,
+    peak_bytes: int | None = None,
     config: PartitionConfig | None = None,
 ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
     """The min-cut partition plus a PartitionReport saying why each value was saved or not.
 
     Every decision is a function of the joint graph and one ``PartitionConfig``: ``config``,
-    or the flags read once here. ``memory_budget`` and ``memory_budget_bytes`` override its
-    fraction and its byte cap.
+    or the flags read once here. ``memory_budget``, ``memory_budget_bytes`` and ``peak_bytes``
+    override its fraction, its byte cap and its cap on the simulated peak.
     """
-    config = call_config(config, memory_budget_bytes)
+    config = call_config(config, memory_budget_bytes, peak_bytes)
     with prepared_joint(joint_module, num_fwd_outputs, config=config):
         return _partition_prepared(joint_module, num_fwd_outputs, static_lifetime_input_indices,
                                    memory_budget, config)
@@ -229,24 +274,21 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
             joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
         return fw_module, bw_module, PartitionReport(
             [], [], {}, budget, 0, "none", config=config,
-            memory_budget_bytes=config.memory_budget_bytes)
-    choice = _choose_saved_values(joint_graph, node_info, budget, config)
-    chosen = choice.saved
-    saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not is_assert_only_symbool(n)]
-    saved_values = [n for n in chosen if not is_sym_node(n)]
-    fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
-        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-    # Recompute must be a pure replay: every random op run again in the backward replays the
-    # forward's RNG state, whatever made it recomputed.
-    replayed = replay_random_ops(fw_graph, bw_graph, len(saved_sym_nodes))
-    reorder_backward(bw_graph)  # before wrapping: one code generation per module
-    fw_module = make_graph_module(joint_module, fw_graph)
-    bw_module = make_graph_module(joint_module, bw_graph)
+            memory_budget_bytes=config.memory_budget_bytes, peak_bytes=config.peak_bytes)
+    peak = _peak_measure(joint_module, num_fwd_outputs, static_lifetime_input_indices, config)
+    choice = _choose_saved_values(joint_graph, node_info, budget, config, peak)
+    # The same graphs the peak cap simulated: the passes run before wrapping (one code
+    # generation per module).
+    cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
+    saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
+    fw_module = make_graph_module(joint_module, cut.fw)
+    bw_module = make_graph_module(joint_module, cut.bw)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,
-                          budget, replayed)
+                          budget, cut.replayed)
     report = dataclasses.replace(
         report, active_rules=active_rule_names(choice.options), config=config,
-        memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes)
+        memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
+        peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak)
     log_report(report)
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)

@@ -54,6 +54,10 @@ class PartitionReport:
     # Under a byte cap: the bytes it was held to (budget.activation_bytes: saved_bytes less
     # parameters and buffers when they are free to save).
     activation_bytes: int | None = None
+    peak_bytes: int | None = None              # the cap on the simulated peak, if one was set
+    # Under a peak cap: the chosen cut's simulated forward+backward peak (budget.SimulatedPeak:
+    # absolute, the step's inputs and parameters included).
+    simulated_peak_bytes: int | None = None
 
     def format(self) -> str:
         """A plain-text table for terminals."""
@@ -62,6 +66,9 @@ class PartitionReport:
         if self.memory_budget_bytes is not None:
             lines.append(f"byte budget {self.memory_budget_bytes}: {self.activation_bytes} "
                          "activation bytes saved")
+        if self.peak_bytes is not None:
+            lines.append(f"peak cap {self.peak_bytes}: simulated peak {self.simulated_peak_bytes} "
+                         "bytes (forward+backward, inputs and parameters included)")
         if self.active_rules:
             lines.append(f"ban rules: {', '.join(self.active_rules)}")
         for title, rows in (("saved", self.saved), ("recomputed", self.recomputed)):

@@ -167,12 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     pareto = commands.add_parser(
-        "pareto", help="sweep the memory budget; plot saved memory against recompute")
+        "pareto", help="sweep the memory budget; plot the simulated peak against recompute, "
+                       "ours and torch's")
     model_args(pareto, 2)
     pareto.add_argument("--output", type=_output_file(".png"), default=Path("pareto.png"),
                         help="PNG to write (default pareto.png)")
     pareto.add_argument("--budgets", type=_budget_list,
                         help="comma-separated budgets in [0, 1] (default: the partitioner's)")
+    pareto.add_argument("--no-torch", action="store_true",
+                        help="skip torch's partitioner (its front and table columns)")
+    pareto.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     partition = commands.add_parser(
         "partition", help="show which activations are saved or recomputed, and why")
@@ -229,26 +233,97 @@ def _joint(args: argparse.Namespace) -> Any:
 
 
 def _pareto(args: argparse.Namespace) -> int:
-    from aot_partition import memory_budget_pareto
-    from aot_partition.pareto import plot_pareto
+    from aot_partition import PartitionConfig, memory_budget_pareto
+    from aot_partition.pareto import DEFAULT_BUDGETS, plot_peak_front
 
-    from .report import format_table
-
-    budgets = args.budgets
+    budgets = list(args.budgets if args.budgets is not None else DEFAULT_BUDGETS)
+    estimator = PartitionConfig.from_flags().runtime_estimator
     joint = _joint(args)
     points = memory_budget_pareto(joint.module, joint.inputs,
-                                  num_fwd_outputs=joint.num_fwd_outputs, budgets=budgets)
+                                  num_fwd_outputs=joint.num_fwd_outputs, budgets=budgets,
+                                  progress=_progress(args, "ours"))
+    theirs = None if args.no_torch else _torch_front(joint, budgets, estimator,
+                                                     _progress(args, "torch"))
     print(f"{args.model} ({args.layers} layers): memory against recompute over budgets")
-    print(format_table(
-        ["budget", "memory ratio", "saved bytes", "recompute runtime"],
-        [[f"{p.budget:.3f}", f"{p.memory_ratio:.3f}", _saved_bytes_cell(p),
-          f"{p.recompute_runtime:.4g}"] for p in points]))
-    print("memory ratio: saved bytes between 0 (the least-memory cut, budget 0) and 1 (the runtime-optimal "
-          "cut); recompute runtime: estimated cost of what the backward recomputes")
+    print(_pareto_table(points, theirs))
+    print("memory ratio: saved bytes between 0 (the least-memory cut, budget 0) and 1 (the "
+          "runtime-optimal cut); recompute runtime: the knapsack's estimate of what the backward "
+          "recomputes; peak: simulated forward+backward peak, inputs and parameters included; "
+          f"recompute est.: {estimator} estimate of the forward ops the backward runs again "
+          "(one formula for ours and torch's)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    plot_pareto({args.model: points}, args.output)
+    fronts: dict[str, Any] = {f"ours ({args.model})": points}
+    if theirs:
+        fronts["torch"] = theirs
+    plot_peak_front(fronts, args.output, estimator=estimator,
+                    title=f"{args.model} ({args.layers} layers): simulated peak vs. recompute")
     print(f"wrote {args.output}")
     return 0
+
+
+def _progress(args: argparse.Namespace, label: str) -> Any:
+    """A tqdm wrapper for a loop over budgets (None with --no-progress)."""
+    if args.no_progress:
+        return None
+    from tqdm import tqdm
+
+    return lambda budgets: tqdm(budgets, desc=f"{label:>6}", unit="budget", file=sys.stderr,
+                                leave=False)
+
+
+def _torch_front(joint: Any, budgets: Sequence[float], estimator: str, progress: Any
+                 ) -> list[Any] | None:
+    """torch's min-cut partition of the same joint at each budget, scored like ours
+    (``aot_partition.pareto.score_partition``); None when torch's partitioner is missing or
+    fails (said on stderr: the comparison is optional)."""
+    import copy
+
+    try:
+        from torch._functorch import config as torch_config
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+    except ImportError as error:
+        print(f"{PROG}: torch's partitioner is not available ({error}); plotting ours only",
+              file=sys.stderr)
+        return None
+    from aot_partition.pareto import score_partition
+
+    points = []
+    try:
+        for budget in (progress(budgets) if progress is not None else budgets):
+            with torch_config.patch(activation_memory_budget=budget):
+                fw, bw = min_cut_rematerialization_partition(
+                    copy.deepcopy(joint.module), joint.inputs,
+                    num_fwd_outputs=joint.num_fwd_outputs)
+            points.append(score_partition(fw, bw, budget, estimator=estimator))
+    except Exception as error:  # torch's internals: any failure only drops the comparison
+        log.warning("torch's partitioner failed", exc_info=True)
+        print(f"{PROG}: torch's partitioner failed ({type(error).__name__}: {error}); "
+              "plotting ours only", file=sys.stderr)
+        return None
+    return points
+
+
+def _pareto_table(points: Sequence[Any], theirs: Sequence[Any] | None) -> str:
+    from .report import format_bytes, format_table
+
+    headers = ["budget", "memory ratio", "saved bytes", "recompute runtime", "peak",
+               "recompute est."]
+    if theirs is not None:
+        headers += ["torch peak", "torch recompute est."]
+    rows = []
+    for i, p in enumerate(points):
+        row = [f"{p.budget:.3f}", f"{p.memory_ratio:.3f}", _saved_bytes_cell(p),
+               f"{p.recompute_runtime:.4g}", format_bytes(p.simulated_peak_bytes),
+               _number_cell(p.recompute_estimate)]
+        if theirs is not None:
+            row += [format_bytes(theirs[i].simulated_peak_bytes),
+                    _number_cell(theirs[i].recompute_estimate)]
+        rows.append(row)
+    return format_table(headers, rows)
+
+
+def _number_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def _saved_bytes_cell(point: Any) -> str:
