@@ -1,0 +1,229 @@
+"""Memory against time, in bytes: our partitioner against torch's on the same joint graphs.
+
+For each model and budget, both partitioners split fresh copies of one joint graph; each
+answer is scored the same way:
+
+- simulated peak: ``aot_partition.memory`` run over the forward and backward graphs (parameters
+  and buffers counted as resident, not as step memory);
+- saved activation bytes: what the forward hands the backward (parameters excluded);
+- estimated step time: the roofline estimate (``aot_partition.roofline``) summed over every op of
+  the forward and backward graphs, recompute included.
+
+Budgets are torch's fractions (both partitioners at the same fraction) and, for ours only, byte
+caps on saved activations (``activation_memory_budget_bytes``), placed at the saved bytes torch
+reached at each fraction, so the two fronts can be compared at equal bytes. Writes
+``benchmarks/out/memory_tradeoff.json``, ``.md`` and one PNG per model (simulated peak against
+estimated step time, torch's front on the same axes).
+
+    uv run python benchmarks/memory_tradeoff_bench.py                # gpt-12, llama-8, convnet
+    uv run python benchmarks/memory_tradeoff_bench.py --models gpt-32 --real gpt2,tv_resnet18
+    uv run python benchmarks/memory_tradeoff_bench.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from aot_config import functorch as functorch_config
+from aot_partition import min_cut_rematerialization_partition
+from aot_partition.estimators import estimate_runtime
+from aot_partition.memory import simulate_partition
+from aot_pipeline.models import build_model
+from torch._functorch import config as torch_config
+from torch._functorch.partitioners import (
+    min_cut_rematerialization_partition as torch_min_cut_partition,
+)
+from tqdm import tqdm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from partition_bench import MODELS, SMOKE_MODELS, Joint, capture_joint  # noqa: E402
+
+BUDGETS = (1.0, 0.8, 0.5, 0.2, 0.0)
+SMOKE_BUDGETS = (1.0, 0.5, 0.0)
+DEFAULT_MODELS = ("gpt-12", "llama-8", "convnet")
+
+
+@dataclass
+class Point:
+    model: str
+    partitioner: str      # "torch", "ours", "ours:roofline" (fractions), "ours:bytes" (a cap)
+    budget: str           # the fraction, or the byte cap
+    simulated_peak: int
+    saved_bytes: int
+    step_seconds: float   # roofline estimate of forward + backward
+
+
+def _static_inputs(spec: dict[str, Any]) -> int:
+    """Parameters and buffers lead the joint's primals (aot_module lifts them first)."""
+    spec = dict(spec)
+    module = build_model(spec.pop("name"), **spec).module
+    return len(list(module.parameters())) + len(list(module.buffers()))
+
+
+def _estimated_seconds(*graphs: fx.Graph) -> float:
+    return sum(estimate_runtime(node, "roofline") for graph in graphs for node in graph.nodes
+               if node.op == "call_function")
+
+
+def _saved_bytes(fw: fx.GraphModule, num_fwd_outputs: int, num_static: int) -> int:
+    static = set(list(fw.graph.find_nodes(op="placeholder"))[:num_static])
+    output = next(iter(fw.graph.find_nodes(op="output")))
+    total = 0
+    for out in list(output.args[0])[num_fwd_outputs:]:
+        val = out.meta.get("val") if isinstance(out, fx.Node) else None
+        if isinstance(val, torch.Tensor) and out not in static:
+            total += val.numel() * val.element_size()  # as the byte budget counts it
+    return total
+
+
+def score(joint: Joint, who: str, budget: str, fw: fx.GraphModule, bw: fx.GraphModule,
+          num_static: int) -> Point:
+    timeline = simulate_partition(fw.graph, bw.graph, num_static_inputs=num_static)
+    return Point(joint.label, who, budget, int(timeline.peak_bytes),
+                 _saved_bytes(fw, joint.num_fwd_outputs, num_static),
+                 _estimated_seconds(fw.graph, bw.graph))
+
+
+def partition(joint: Joint, who: str, num_static: int, *, fraction: float = 1.0,
+              nbytes: int | None = None) -> tuple[fx.GraphModule, fx.GraphModule]:
+    module = copy.deepcopy(joint.module)
+    # As AOTAutograd passes them: parameters and buffers are static-lifetime inputs.
+    static = list(range(num_static))
+    if who == "torch":
+        with torch_config.patch(activation_memory_budget=fraction):
+            return torch_min_cut_partition(module, joint.inputs,
+                                           num_fwd_outputs=joint.num_fwd_outputs,
+                                           static_lifetime_input_indices=static)
+    # "ours:roofline": the budget's knapsack weighs recompute with the roofline estimate.
+    estimator = "roofline" if who.endswith("roofline") else "flops"
+    with functorch_config.patch(activation_memory_budget=fraction,
+                                activation_memory_budget_bytes=nbytes,
+                                activation_memory_budget_runtime_estimator=estimator):
+        return min_cut_rematerialization_partition(module, joint.inputs,
+                                                   num_fwd_outputs=joint.num_fwd_outputs,
+                                                   static_lifetime_input_indices=static)
+
+
+def model_points(joint: Joint, budgets: tuple[float, ...], num_static: int) -> list[Point]:
+    points: list[Point] = []
+    for fraction in budgets:
+        for who in ("torch", "ours", "ours:roofline"):
+            fw, bw = partition(joint, who, num_static, fraction=fraction)
+            points.append(score(joint, who, f"{fraction:g}", fw, bw, num_static))
+    for torch_point in [p for p in points if p.partitioner == "torch"]:
+        try:
+            fw, bw = partition(joint, "ours", num_static, nbytes=torch_point.saved_bytes)
+        except ValueError as error:  # a cap below what ours can reach
+            print(f"{joint.label}: {error}", file=sys.stderr)
+            continue
+        points.append(score(joint, "ours:bytes", str(torch_point.saved_bytes), fw, bw,
+                            num_static))
+    return points
+
+
+def verdicts(points: list[Point]) -> list[dict[str, Any]]:
+    """Per fraction: ours against torch on (simulated peak, estimated step time)."""
+    rows = []
+    by_key = {(p.model, p.partitioner, p.budget): p for p in points}
+    for p in points:
+        if p.partitioner != "torch":
+            continue
+        ours = by_key[(p.model, "ours", p.budget)]
+        capped = by_key.get((p.model, "ours:bytes", str(p.saved_bytes)))
+        roofline = by_key.get((p.model, "ours:roofline", p.budget))
+        for label, mine in (("fraction", ours), ("fraction, roofline", roofline),
+                            ("same bytes", capped)):
+            if mine is None:
+                continue
+            peak = mine.simulated_peak / max(p.simulated_peak, 1)
+            time = mine.step_seconds / max(p.step_seconds, 1e-30)
+            not_worse = peak <= 1.0 + 1e-9 and time <= 1.0 + 1e-9
+            better = peak < 1.0 - 1e-9 or time < 1.0 - 1e-9
+            rows.append({"model": p.model, "torch budget": p.budget, "ours at": label,
+                         "peak ours/torch": peak, "time ours/torch": time,
+                         "verdict": "better" if not_worse and better else
+                         "equal" if not_worse else "worse"})
+    return rows
+
+
+def markdown(points: list[Point], rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}", "",
+             "| model | partitioner | budget | simulated peak MiB | saved MiB | est. step ms |",
+             "|---|---|---|---:|---:|---:|"]
+    for p in points:
+        lines.append(f"| {p.model} | {p.partitioner} | {p.budget} | "
+                     f"{p.simulated_peak / 2**20:.2f} | {p.saved_bytes / 2**20:.2f} | "
+                     f"{p.step_seconds * 1e3:.3f} |")
+    lines += ["", "| model | torch budget | ours at | peak ours/torch | time ours/torch | verdict |",
+              "|---|---|---|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['torch budget']} | {r['ours at']} | "
+                     f"{r['peak ours/torch']:.3f} | {r['time ours/torch']:.3f} | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: list[Point], model: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for who, marker in (("torch", "o"), ("ours", "s"), ("ours:roofline", "D"),
+                        ("ours:bytes", "^")):
+        mine = sorted((p for p in points if p.model == model and p.partitioner == who),
+                      key=lambda p: p.simulated_peak)
+        if mine:
+            ax.plot([p.simulated_peak / 2**20 for p in mine],
+                    [p.step_seconds * 1e3 for p in mine], marker=marker, label=who)
+    ax.set_xlabel("simulated peak (MiB)")
+    ax.set_ylabel("estimated step time (ms, roofline)")
+    ax.set_title(f"{model}: memory against time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                        help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--smoke", action="store_true", help="one tiny model, three budgets")
+    parser.add_argument("--out", default=os.path.join(HERE, "out"))
+    args = parser.parse_args(argv)
+    specs = SMOKE_MODELS if args.smoke else {m: MODELS[m] for m in args.models.split(",")}
+    budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
+    os.makedirs(args.out, exist_ok=True)
+    points: list[Point] = []
+    for label, spec in tqdm(specs.items(), desc="models", file=sys.stderr):
+        joint = capture_joint(label, spec)
+        points += model_points(joint, budgets, _static_inputs(spec))
+        plot(points, label, os.path.join(args.out, f"memory_tradeoff_{label}.png"))
+    rows = verdicts(points)
+    meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
+            "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    text = markdown(points, rows, meta)
+    print(text)
+    with open(os.path.join(args.out, "memory_tradeoff.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "memory_tradeoff.json"), "w") as f:
+        json.dump({"meta": meta, "points": [asdict(p) for p in points], "verdicts": rows}, f,
+                  indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
