@@ -58,6 +58,7 @@ def test_cap_between_holds_and_counts_what_the_forward_saves(gpt):
     assert report.activation_bytes == nbytes == report.saved_bytes
 
 
+@pytest.mark.slow
 def test_saved_bytes_never_grow_as_the_cap_falls(gpt):
     full_bytes, _ = _partition(gpt, None)
     least = _least(gpt)
@@ -105,6 +106,7 @@ def test_bytes_win_over_the_fraction_and_explicit_config(gpt):
     assert "byte budget" in report.format()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "llama", "dropout"])
 def test_flag_cap_matches_eager(name, capture, aot_with):
     case = make_case(name)

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from aot_partition import core
 from aot_partition.classify import classify, default_op_types
 from aot_partition.config import MinCutOptions, PartitionConfig
@@ -23,6 +24,10 @@ from zoo import ZOO, make_case
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "core_golden.json").read_text())
 BUDGETS = ("1.0", "0.5", "0.0")
+# The torch the golden was traced with (the lock's): other releases trace the zoo into other
+# graphs (node names, decompositions), so the names cannot match there. The check that the
+# adapter's description gives the same cut as the solver runs on every release.
+GOLDEN_TORCH = "2.13"
 
 
 def _joint(capture, name):
@@ -36,6 +41,8 @@ def test_golden_covers_the_zoo():
     assert all(sorted(GOLDEN[name]) == sorted(BUDGETS) for name in GOLDEN)
 
 
+@pytest.mark.skipif(not torch.__version__.startswith(GOLDEN_TORCH + "."),
+                    reason=f"the golden decisions were traced with torch {GOLDEN_TORCH}")
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_fx_adapter_decides_as_before(name, capture):
     joint = _joint(capture, name)

@@ -77,6 +77,7 @@ def test_cap_between_holds_and_the_report_records_the_simulated_peak(gpt):
     assert report.simulated_peak_bytes == peak
 
 
+@pytest.mark.slow
 def test_peaks_never_grow_as_the_cap_falls(gpt):
     full_peak, _ = _partition(gpt)
     least = _least(gpt)
@@ -209,6 +210,7 @@ def test_simulated_peak_measure_is_cached(gpt, count_simulations):
     assert measure.simulations == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "dropout"])
 def test_flag_cap_matches_eager(name, capture, aot_with):
     case = make_case(name)
