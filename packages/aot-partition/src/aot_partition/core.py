@@ -140,6 +140,20 @@ class CoreNode:
                                  ">= 0 (math.inf: cannot be saved) or None")
 
 
+    @classmethod
+    def unchecked(cls, **fields: Any) -> CoreNode:
+        """A node built without ``__init__``'s checks, for a front end whose values are valid
+        by construction (the fx adapter builds one per joint-graph node, thousands per
+        partition). ``fields`` must name every field but ``runtime`` and ``ban``; ``inputs``
+        must be a tuple. A ``CoreGraph`` still checks ids, inputs and cycles."""
+        node = object.__new__(cls)
+        node.__dict__.update(_UNCHECKED_DEFAULTS, **fields)  # frozen: no __setattr__
+        return node
+
+
+_UNCHECKED_DEFAULTS: dict[str, Any] = {"runtime": 0.0, "ban": None}
+
+
 @dataclass(frozen=True)
 class CoreDecision:
     """What happened to one node: ``kind`` is saved, recomputed, backward or forward."""

@@ -29,7 +29,7 @@ from .core import CoreGraph, CoreNode, CorePartition, partition
 from .errors import PartitionError
 from .joint import is_bwd_seed_offset, is_fwd_seed_offset, is_primal, is_random, is_tangent
 from .passes.recompute_tags import must_recompute
-from .policy import PolicyContext, ban_reason, can_be_banned, graph_wide_bans, is_effectful
+from .policy import PolicyContext, RuleAnswers, can_be_banned, graph_wide_bans, is_effectful
 from .sizes import node_nbytes, sym_node_size, tensor_nbytes
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,14 @@ INT_INF = int(1e6)
 _NOT_A_TENSOR = "cannot save: not a tensor"
 
 
-def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
-    """Capacity of ``node``'s in->out edge and, for infinite ones, why it cannot be saved."""
-    if is_sym_node(node):
-        return float(sym_node_size(node)), ""
+def save_cost(node: fx.Node, ctx: PolicyContext, nbytes: int | None = None
+              ) -> tuple[float, str]:
+    """Capacity of ``node``'s in->out edge and, for infinite ones, why it cannot be saved.
+
+    ``nbytes``: ``node_nbytes(node)`` when the caller has it already (tensors only)."""
     val = node.meta.get("val")
+    if isinstance(val, py_sym_types):  # is_sym_node, with the value already in hand
+        return float(sym_node_size(node)), ""
     if not isinstance(val, torch.Tensor):
         if "val" not in node.meta and node.op == "call_function":
             node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
@@ -58,7 +61,8 @@ def save_cost(node: fx.Node, ctx: PolicyContext) -> tuple[float, str]:
         return float(INT_INF), "cannot save: SymFloat"
     dist = ctx.node_info.dist_from_bw.get(node, 0)
     # Bias towards saving nodes close to the backward (seed 004's guess of 1.1 per hop).
-    cost = int(node_nbytes(node) * (1.1 ** max(min(dist, 100), 1)))
+    nbytes = node_nbytes(node) if nbytes is None else nbytes
+    cost = int(nbytes * (1.1 ** max(min(dist, 100), 1)))
     return float(cost if ctx.is_materialized(node) else cost * 2), ""
 
 
@@ -108,10 +112,9 @@ def _op_category(node: fx.Node, ctx: PolicyContext) -> str:
     return "pointwise" if op_types.is_fusible(node) else "other"
 
 
-def _nbytes(node: fx.Node) -> int:
+def _nbytes(node: fx.Node, val: Any) -> int:
     # Informative here (the fx save cost is an override): sizing errors surface from
     # save_cost, for the nodes whose size matters, as before.
-    val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         return tensor_nbytes(val)
     try:
@@ -124,17 +127,23 @@ def _describe_node(node: fx.Node, ctx: PolicyContext, by_target: dict[Any, str],
                    exempt_nodes: set[fx.Node]) -> CoreNode:
     """``node`` in core terms; adds it to ``exempt_nodes`` when no ban may apply to it."""
     info = ctx.node_info
+    val = node.meta.get("val")
+    nbytes = _nbytes(node, val)
     in_backward = node in info.tangents_closure
     recompute = not in_backward and must_recompute(node)
-    cost, why = (0.0, "") if in_backward or recompute else save_cost(node, ctx)
+    if in_backward or recompute:
+        cost, why = 0.0, ""
+    else:  # a tensor's bytes are known: save_cost need not size it again
+        cost, why = save_cost(node, ctx, nbytes if isinstance(val, torch.Tensor) else None)
     category = _category(node, ctx, why, by_target)
     exempt = not can_be_banned(node, ctx, ())
     if exempt:
         exempt_nodes.add(node)
-    return CoreNode(
+    # Valid by construction (names unique, categories known, sizes >= 0): skip the checks.
+    return CoreNode.unchecked(
         id=node.name,
         inputs=tuple(a.name for a in node.all_input_nodes),
-        nbytes=_nbytes(node),
+        nbytes=nbytes,
         category=category,
         forward=node in info.required_fw,
         backward=node in info.required_bw,
@@ -159,9 +168,14 @@ def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
     return FxDescription(graph, nodes, ban_steps, frozenset(exempt))
 
 
-def _per_node_bans(desc: FxDescription, ctx: PolicyContext) -> list[tuple[fx.Node, str]]:
-    """Every per-node ban under ``ctx.options`` (before ``dont_ban``), in graph order."""
+def _per_node_bans(desc: FxDescription, ctx: PolicyContext,
+                   answers: RuleAnswers | None = None) -> list[tuple[fx.Node, str]]:
+    """Every per-node ban under ``ctx.options`` (before ``dont_ban``), in graph order.
+
+    ``answers``: the rules' memoized answers, shared by the option sets of one partition."""
     info = ctx.node_info
+    answers = answers if answers is not None else RuleAnswers(ctx)
+    options = ctx.options
     found = []
     for node in desc.ban_steps:
         if is_primal(node):
@@ -169,7 +183,7 @@ def _per_node_bans(desc: FxDescription, ctx: PolicyContext) -> list[tuple[fx.Nod
         elif is_fwd_seed_offset(node):
             reason = "forward RNG seed"
         else:
-            reason = ban_reason(node, ctx) if node in info.required_fw else None
+            reason = answers.reason(node, options) if node in info.required_fw else None
         if reason is not None and node not in desc.exempt:
             found.append((node, reason))
     return found
@@ -199,11 +213,18 @@ class NetworkMemo:
         key = ("describe", *map(id, holds), ctx.recompute_views, ctx.treat_params_as_free)
         return self._get(key, holds, lambda: describe(joint_graph, ctx))
 
+    def rule_answers(self, ctx: PolicyContext) -> RuleAnswers:
+        """The per-node rules' answers, shared by every options set (rules ignore options)."""
+        holds = (ctx.node_info, ctx.op_types)
+        key = ("answers", *map(id, holds), ctx.max_dist_from_bw, ctx.recompute_views,
+               ctx.treat_params_as_free)
+        return self._get(key, holds, lambda: RuleAnswers(ctx))
+
     def node_bans(self, desc: FxDescription, ctx: PolicyContext) -> list[tuple[fx.Node, str]]:
         holds = (desc, ctx.node_info, ctx.op_types)
         key = ("bans", *map(id, holds), ctx.options, ctx.max_dist_from_bw,
                ctx.recompute_views, ctx.treat_params_as_free)
-        return self._get(key, holds, lambda: _per_node_bans(desc, ctx))
+        return self._get(key, holds, lambda: _per_node_bans(desc, ctx, self.rule_answers(ctx)))
 
 
 def fx_bans(desc: FxDescription, ctx: PolicyContext, dont_ban: Collection[fx.Node],

@@ -218,6 +218,40 @@ def ban_reason(node: fx.Node, ctx: PolicyContext) -> str | None:
     return None
 
 
+class RuleAnswers:
+    """Each per-node rule's answer for each node, each computed at most once.
+
+    The cuts of one partition (the memory-budget search makes up to four) differ only in
+    which rules are on; a rule's answer reads the graph, the classification, the op
+    categories and the two flags of ``ctx``, never the options. So ``reason(node, options)``
+    equals ``ban_reason`` under a context with those options, and a later options set only
+    asks the rules an earlier one did not reach. Valid for one ``ctx`` (options aside).
+    """
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+        self._never_banned: dict[fx.Node, bool] = {}
+        self._answers: dict[Predicate, dict[fx.Node, str | None]] = {
+            p: {} for p in NODE_PREDICATES}
+
+    def reason(self, node: fx.Node, options: MinCutOptions) -> str | None:
+        """``ban_reason(node, ctx)`` with ``options`` in place of ``ctx.options``."""
+        never = self._never_banned.get(node)
+        if never is None:
+            never = self._never_banned[node] = _never_banned(node, self.ctx)
+        if never:
+            return None
+        for _, predicate in active_ban_rules(options):
+            answers = self._answers[predicate]
+            try:
+                reason = answers[node]
+            except KeyError:
+                reason = answers[node] = predicate(node, self.ctx)
+            if reason is not None:
+                return reason
+        return None
+
+
 def can_be_banned(node: fx.Node, ctx: PolicyContext, dont_ban: Collection[fx.Node]) -> bool:
     """Whether a ban may apply: views, annotated recomputes, SymFloats and dont_ban are exempt."""
     if ctx.op_types.is_view(node) or node in dont_ban or must_recompute(node):
