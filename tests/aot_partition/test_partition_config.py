@@ -178,3 +178,30 @@ def test_report_records_the_rules_and_the_config(capture):
     report = explain_partition(joint.module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs,
                                memory_budget=0.0, config=config)
     assert report.memory_budget == 0.0 and report.config == config
+
+
+# ---- garbage collection is paused for one partition, and restored --------------------------
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gc_is_paused_during_a_partition_and_restored(capture, monkeypatch, enabled):
+    import gc
+
+    joint = _joint(capture, "mlp")
+    seen = []
+    original = partitioners_module._partition_prepared
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(partitioners_module, "_partition_prepared", spy)
+    (gc.enable if enabled else gc.disable)()
+    try:
+        _saved_bytes(joint)
+        assert seen == [False] and gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="activation memory budget must be between 0 and 1"):
+            partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
+                                  memory_budget=2.0)
+        assert gc.isenabled() is enabled  # restored after an error too
+    finally:
+        gc.enable()
