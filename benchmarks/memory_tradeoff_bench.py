@@ -9,9 +9,10 @@ answer is scored the same way:
 - estimated step time: the roofline estimate (``aot_partition.roofline``) summed over every op of
   the forward and backward graphs, recompute included.
 
-Budgets are torch's fractions (both partitioners at the same fraction) and, for ours only, byte
-caps on saved activations (``activation_memory_budget_bytes``), placed at the saved bytes torch
-reached at each fraction, so the two fronts can be compared at equal bytes. Writes
+Budgets are torch's fractions (both partitioners at the same fraction) and, for ours only, caps
+placed where torch's answer at each fraction landed: on saved activation bytes
+(``activation_memory_budget_bytes``) and on the simulated peak
+(``activation_memory_peak_bytes``), so the two fronts can be compared at equal bytes. Writes
 ``benchmarks/out/memory_tradeoff.json``, ``.md`` and one PNG per model (simulated peak against
 estimated step time, torch's front on the same axes).
 
@@ -57,7 +58,8 @@ DEFAULT_MODELS = ("gpt-12", "llama-8", "convnet")
 @dataclass
 class Point:
     model: str
-    partitioner: str      # "torch", "ours", "ours:roofline" (fractions), "ours:bytes" (a cap)
+    partitioner: str      # "torch", "ours", "ours:roofline" (fractions); "ours:bytes" and
+                          # "ours:peak" (caps at torch's saved bytes / simulated peak)
     budget: str           # the fraction, or the byte cap
     simulated_peak: int
     saved_bytes: int
@@ -96,7 +98,8 @@ def score(joint: Joint, who: str, budget: str, fw: fx.GraphModule, bw: fx.GraphM
 
 
 def partition(joint: Joint, who: str, num_static: int, *, fraction: float = 1.0,
-              nbytes: int | None = None) -> tuple[fx.GraphModule, fx.GraphModule]:
+              nbytes: int | None = None, peak: int | None = None
+              ) -> tuple[fx.GraphModule, fx.GraphModule]:
     module = copy.deepcopy(joint.module)
     # As AOTAutograd passes them: parameters and buffers are static-lifetime inputs.
     static = list(range(num_static))
@@ -109,6 +112,7 @@ def partition(joint: Joint, who: str, num_static: int, *, fraction: float = 1.0,
     estimator = "roofline" if who.endswith("roofline") else "flops"
     with functorch_config.patch(activation_memory_budget=fraction,
                                 activation_memory_budget_bytes=nbytes,
+                                activation_memory_peak_bytes=peak,
                                 activation_memory_budget_runtime_estimator=estimator):
         return min_cut_rematerialization_partition(module, joint.inputs,
                                                    num_fwd_outputs=joint.num_fwd_outputs,
@@ -129,6 +133,13 @@ def model_points(joint: Joint, budgets: tuple[float, ...], num_static: int) -> l
             continue
         points.append(score(joint, "ours:bytes", str(torch_point.saved_bytes), fw, bw,
                             num_static))
+        try:
+            fw, bw = partition(joint, "ours", num_static, peak=torch_point.simulated_peak)
+        except ValueError as error:
+            print(f"{joint.label}: {error}", file=sys.stderr)
+            continue
+        points.append(score(joint, "ours:peak", str(torch_point.simulated_peak), fw, bw,
+                            num_static))
     return points
 
 
@@ -142,8 +153,9 @@ def verdicts(points: list[Point]) -> list[dict[str, Any]]:
         ours = by_key[(p.model, "ours", p.budget)]
         capped = by_key.get((p.model, "ours:bytes", str(p.saved_bytes)))
         roofline = by_key.get((p.model, "ours:roofline", p.budget))
+        at_peak = by_key.get((p.model, "ours:peak", str(p.simulated_peak)))
         for label, mine in (("fraction", ours), ("fraction, roofline", roofline),
-                            ("same bytes", capped)):
+                            ("same saved bytes", capped), ("same peak", at_peak)):
             if mine is None:
                 continue
             peak = mine.simulated_peak / max(p.simulated_peak, 1)
@@ -181,7 +193,7 @@ def plot(points: list[Point], model: str, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for who, marker in (("torch", "o"), ("ours", "s"), ("ours:roofline", "D"),
-                        ("ours:bytes", "^")):
+                        ("ours:bytes", "^"), ("ours:peak", "v")):
         mine = sorted((p for p in points if p.model == model and p.partitioner == who),
                       key=lambda p: p.simulated_peak)
         if mine:
