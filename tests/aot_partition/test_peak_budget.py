@@ -9,7 +9,7 @@ import pytest
 import torch
 from aot_config import functorch as functorch_config
 from aot_partition import explain_partition, min_cut_rematerialization_partition
-from aot_partition.budget import SimulatedPeak
+from aot_partition.caps import SimulatedPeak
 from aot_partition.errors import UnreachableMemoryBudgetError
 from aot_partition.memory import simulate_partition
 from aot_partition.partitioners import partition_with_report

@@ -18,24 +18,17 @@ ilp_graph.py). Runtimes come from ``activation_memory_budget_runtime_estimator``
 read from the call's ``PartitionConfig`` (``BudgetSearch.prepare(..., config=)``).
 ``validate_memory_budget`` is the one check of a budget value.
 
-A budget in bytes (``activation_memory_budget_bytes``, ``BudgetSearch.within_bytes``) picks one
-of a fixed set of candidate cuts (``cut_candidates``: the runtime-optimal cut and the cuts at
-the fractions of ``BYTE_BUDGET_FRACTIONS``) with ``choose_candidate``; the measure compared
-with the cap is a function of a candidate (``activation_bytes`` by default).
-
-A cap on the simulated peak (``activation_memory_peak_bytes``, ``SimulatedPeak``) picks from the
-same candidates with the same rule; the measure is the absolute peak of one forward+backward
-step as memory.py simulates it, inputs and parameters included (``BudgetSearch.within_caps``
-takes both caps at once). Candidates are simulated only when such a cap is set.
+Budgets in bytes (``activation_memory_budget_bytes``, ``activation_memory_peak_bytes``) choose
+among a fixed set of this search's cuts: see caps.py.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,22 +37,14 @@ from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import memory
 from .classify import FAR_FROM_BACKWARD, NodeInfo
 from .config import PartitionConfig
-from .errors import UnreachableMemoryBudgetError
 from .estimators import check_estimator, estimate_runtime
-from .extract import (
-    backward_live_nodes,
-    extract_forward_backward_graphs,
-    is_assert_only_symbool,
-    used_backward_inputs,
-)
+from .extract import used_backward_inputs
 from .ilp_graph import SaveOrRecompute, evaluate, solve_save_or_recompute
-from .joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from .joint import is_bwd_seed_offset, is_random, is_tangent
 from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
 from .network import NetworkMemo
-from .passes import reorder_backward, replay_random_ops
 from .passes.rng import device_of, rng_state_nbytes
 from .policy import MinCutOptions, never_recompute
 from .sizes import node_nbytes
@@ -69,25 +54,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "BUDGET_SOLVERS",
-    "BYTE_BUDGET_FRACTIONS",
     "BudgetSearch",
-    "Cap",
-    "CutCandidate",
-    "CutGraphs",
-    "CutMeasure",
-    "SimulatedPeak",
-    "activation_bytes",
-    "byte_cap",
-    "choose_candidate",
-    "choose_under_caps",
     "choose_saved_values_set",
-    "extract_cut",
-    "finish_cut",
-    "peak_cap",
-    "recompute_estimate",
     "validate_memory_budget",
-    "validate_memory_budget_bytes",
-    "validate_peak_bytes",
 ]
 
 # Budget solvers that look at the graph, not only at the knapsack items.
@@ -104,20 +73,6 @@ def validate_memory_budget(memory_budget: float) -> float:
         raise ValueError(f"activation memory budget must be between 0 and 1 (0 = save only the "
                          f"inputs, 1 = runtime-optimal); got {memory_budget!r}")
     return float(memory_budget)
-
-
-def validate_memory_budget_bytes(cap: int) -> int:
-    """``cap`` as an int; ValueError unless it is a whole number of bytes, 0 or more."""
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-        raise ValueError(f"activation memory budget in bytes must be an int >= 0; got {cap!r}")
-    return cap
-
-
-def validate_peak_bytes(cap: int) -> int:
-    """``cap`` as an int; ValueError unless it is a whole number of bytes, 0 or more."""
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-        raise ValueError(f"activation memory peak in bytes must be an int >= 0; got {cap!r}")
-    return cap
 
 
 def _budget_solver(name: str) -> str:
@@ -192,8 +147,9 @@ class BudgetSearch:
     solutions: dict[frozenset[fx.Node], MinCutSolution] = field(default_factory=dict)
     # The options each of those cuts was made under (the report names their active rules).
     options_of: dict[frozenset[fx.Node], MinCutOptions] = field(default_factory=dict)
-    # The byte budget's candidate cuts (``cut_candidates``), built on first use.
-    _cut_candidates: list[CutCandidate] | None = field(default=None, repr=False)
+    # The byte budget's candidate cuts (``caps.cut_candidates``: ``caps.CutCandidate``s),
+    # built on first use.
+    cut_candidates_cache: list[Any] | None = field(default=None, repr=False)
 
     def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
               ) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -298,67 +254,6 @@ class BudgetSearch:
                                            reference=reference)
             return found if found is not None else (reference, reference_runtime)
         return self._escalation_or_knapsack(memory_budget, self.solver)
-
-    def candidate(self, saved: Sequence[fx.Node], label: str, rank: int) -> CutCandidate:
-        """``saved`` as a byte-budget candidate: what the backward reads and recomputes."""
-        backward_inputs = [n for n in self.joint_graph.find_nodes(op="placeholder")
-                           if is_tangent(n) or is_bwd_seed_offset(n)]
-        live = backward_live_nodes(self.joint_graph, [*saved, *backward_inputs],
-                                   self.node_info.bw_outputs)
-        kept = set(saved)
-        recomputed = frozenset(n for n in live
-                               if n in self.node_info.required_fw and n not in kept)
-        return CutCandidate(label, rank, tuple(saved), tuple(n for n in saved if n in live),
-                            recomputed)
-
-    def cut_candidates(self) -> list[CutCandidate]:
-        """The byte budget's candidates, best first among equals (cached): the runtime-optimal
-        cut, the cut at each fraction of ``BYTE_BUDGET_FRACTIONS`` (high to low) and the
-        inputs alone; a cut found twice keeps its first place. None depends on a cap."""
-        if self._cut_candidates is not None:
-            return self._cut_candidates
-        found: dict[frozenset[fx.Node], tuple[list[fx.Node], str]] = {}
-        found[frozenset(self.runtime_optimal)] = (list(self.runtime_optimal), "runtime-optimal")
-        for fraction in BYTE_BUDGET_FRACTIONS:
-            saved = self.saved_values(fraction)[0]
-            label = "recompute everything" if fraction == 0 else f"budget {fraction:g}"
-            found.setdefault(frozenset(saved), (saved, label))
-        inputs = list(self.node_info.inputs)
-        found.setdefault(frozenset(inputs), (inputs, "inputs only"))
-        made = [self.candidate(saved, label, rank)
-                for rank, (saved, label) in enumerate(found.values())]
-        self._all_runtimes()  # the knapsack items, whose recompute the runtime counts
-        baseline = made[0].recomputed
-        runtime_of = dict(zip(self.candidates, self.runtimes))
-        self._cut_candidates = [
-            replace(c, runtime=float(sum(runtime_of.get(n, 0.0)
-                                         for n in c.recomputed - baseline)))
-            for c in made]
-        return self._cut_candidates
-
-    def within_bytes(self, cap: int, measure: Measure | None = None) -> CutCandidate:
-        """The cut to take under a cap on ``measure`` (default ``activation_bytes``).
-
-        The runtime-optimal cut comes first among all candidates, so when it fits no other
-        cut is made: an ample cap costs nothing. See ``choose_candidate``.
-        """
-        cap = validate_memory_budget_bytes(cap)
-        if measure is None:
-            return self.within_caps([byte_cap(self, cap)])
-        return self.within_caps([Cap(cap, measure)])
-
-    def within_caps(self, caps: Sequence[Cap]) -> CutCandidate:
-        """The cut to take under every cap of ``caps`` (see ``choose_under_caps``).
-
-        The runtime-optimal cut is measured first: when it fits every cap no other candidate
-        is made or measured, so ample caps cost one measurement each.
-        """
-        if not caps:
-            raise ValueError("within_caps: no cap given")
-        top = self.candidate(self.runtime_optimal, "runtime-optimal", 0)
-        if all(cap.measure(top) <= cap.limit for cap in caps):  # short-circuits: cheap first
-            return top
-        return choose_under_caps(self.cut_candidates(), caps)
 
     def _recompute_everything(self) -> list[fx.Node]:
         """The least memory: the inputs alone (the seed's answer) or the min-cut with every
@@ -498,216 +393,3 @@ def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
     memory_budget = validate_memory_budget(memory_budget)
     search = BudgetSearch.prepare(joint_graph, node_info, config=config)
     return search.saved_values(memory_budget)[0]
-
-
-
-# ---- the budget in bytes ----------------------------------------------------------------------
-
-# Fractions whose cuts are the byte budget's candidates (1, 31/32, ..., 1/32, 0). Fixed, so
-# every cap chooses from one set: a lower cap never saves more (see choose_candidate).
-BYTE_BUDGET_FRACTIONS = tuple(i / 32 for i in range(32, -1, -1))
-
-
-@dataclass(frozen=True)
-class CutCandidate:
-    """One cut a byte budget may choose: what it saves, and what the backward then does."""
-
-    label: str                        # "runtime-optimal", "budget 0.5", "inputs only", ...
-    rank: int                         # place in the search's order; 0: the runtime-optimal cut
-    saved: tuple[fx.Node, ...]        # the saved set as the search chose it
-    read: tuple[fx.Node, ...]         # of those, what the backward reads (what is kept)
-    recomputed: frozenset[fx.Node]    # forward nodes the backward computes again
-    # Estimated runtime of the knapsack items (nodes banned even under aggressive options)
-    # this cut recomputes and the runtime-optimal cut does not; 0 for the runtime-optimal cut.
-    runtime: float = 0.0
-
-
-Measure = Callable[[CutCandidate], int]
-
-
-def activation_bytes(search: BudgetSearch, candidate: CutCandidate) -> int:
-    """The bytes the byte budget caps: what the forward would save for the backward.
-
-    Counted: every saved tensor the backward reads (``candidate.read``: extraction drops the
-    rest) and one RNG state per random op the backward recomputes (replayed on the forward's
-    state, which is saved too). Not counted: symbolic scalars, backward state, and, with
-    ``treat_parameters_as_free_to_save``, static-lifetime inputs (parameters and buffers:
-    alive anyway). This equals the partition's ``saved_activation_bytes`` of the forward less
-    those static inputs.
-    """
-    free = (search.node_info.static_lifetime_inputs
-            if search.config.treat_parameters_as_free_to_save else set())
-    tensors = sum(node_nbytes(n) for n in candidate.read
-                  if isinstance(n.meta.get("val"), torch.Tensor) and n not in free
-                  and not is_backward_state(n))
-    states = sum(rng_state_nbytes(device_of(n).type)
-                 for n in candidate.recomputed if is_random(n))
-    return tensors + states
-
-
-def choose_candidate(candidates: Sequence[CutCandidate], cap: int, measure: Measure, *,
-                     what: str = "activation memory budget", verb: str = "save"
-                     ) -> CutCandidate:
-    """The candidate to take under ``cap``: among those whose ``measure`` is at most ``cap``,
-    the runtime-optimal cut (rank 0) when it fits, else the least runtime, then the smaller
-    measure, then the lower rank.
-
-    The runtime-optimal cut comes first whatever its estimate: its bans are the heuristics'
-    judgement of what is slow to recompute, which the runtime estimate does not see (the
-    escalation cuts lift those bans at an estimated runtime of 0). The candidates and their order do not depend on the cap, so the rule is monotone by
-    construction: if the answer under a higher cap still fits a lower one it stays the answer,
-    and otherwise the new answer measures at most the lower cap, below the old one. When
-    nothing fits, UnreachableMemoryBudgetError names the cap and the least reachable measure
-    (``what`` and ``verb`` word it).
-    """
-    measured = [(c, measure(c)) for c in candidates]
-    fitting = [(c.rank != 0, c.runtime, m, c.rank, c) for c, m in measured if m <= cap]
-    if not fitting:
-        least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
-        raise UnreachableMemoryBudgetError(what, cap, amount, least.label, verb)
-    return min(fitting, key=lambda t: t[:4])[4]
-
-
-@dataclass(frozen=True)
-class Cap:
-    """One cap a candidate must meet: ``measure(candidate) <= limit``; ``what`` and ``verb``
-    word the error when nothing does (see ``choose_candidate``)."""
-
-    limit: int
-    measure: Measure
-    what: str = "activation memory budget"
-    verb: str = "save"
-
-
-def byte_cap(search: BudgetSearch, limit: int) -> Cap:
-    """The cap on saved activation bytes (``activation_bytes``)."""
-    return Cap(validate_memory_budget_bytes(limit), functools.partial(activation_bytes, search))
-
-
-def peak_cap(limit: int, peak: SimulatedPeak, *, after_byte_cap: bool = False) -> Cap:
-    """The cap on the simulated peak; ``after_byte_cap``: it only sees the candidates within a
-    byte cap, which its error then says."""
-    verb = "peak at within the activation memory budget" if after_byte_cap else "peak at"
-    return Cap(validate_peak_bytes(limit), peak, "simulated memory peak cap", verb)
-
-
-def _within(candidates: Sequence[CutCandidate], cap: Cap) -> list[CutCandidate]:
-    """The candidates that fit ``cap``; UnreachableMemoryBudgetError when none does."""
-    measured = [(c, cap.measure(c)) for c in candidates]
-    fitting = [c for c, m in measured if m <= cap.limit]
-    if not fitting:
-        least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
-        raise UnreachableMemoryBudgetError(cap.what, cap.limit, amount, least.label, cap.verb)
-    return fitting
-
-
-def choose_under_caps(candidates: Sequence[CutCandidate], caps: Sequence[Cap]) -> CutCandidate:
-    """``choose_candidate`` under several caps: every cap but the last filters the candidates
-    (in order, so a cheap measure spares the costly ones), the last chooses among the rest.
-
-    Still monotone in each cap: the candidates and their order are fixed, so lowering a cap
-    only removes candidates, and an answer that still fits stays the answer.
-    """
-    remaining: Sequence[CutCandidate] = candidates
-    for cap in caps[:-1]:
-        remaining = _within(remaining, cap)
-    last = caps[-1]
-    return choose_candidate(remaining, last.limit, last.measure, what=last.what, verb=last.verb)
-
-
-# ---- the cap on the simulated peak ------------------------------------------------------------
-
-@dataclass
-class CutGraphs:
-    """The forward and backward graphs of one cut, as the partition builds them (no code)."""
-
-    fw: fx.Graph
-    bw: fx.Graph
-    saved_values: list[fx.Node]
-    saved_sym_nodes: list[fx.Node]
-    replayed: list[str] = field(default_factory=list)  # random ops replaying the fw's RNG
-
-
-def extract_cut(joint_module: fx.GraphModule, chosen: Sequence[fx.Node], *,
-                num_fwd_outputs: int) -> CutGraphs:
-    """Cut the joint at ``chosen`` (tensors and symbolic scalars): bare graphs, no passes."""
-    saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not is_assert_only_symbool(n)]
-    saved_values = [n for n in chosen if not is_sym_node(n)]
-    fw, bw, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
-        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-    return CutGraphs(fw, bw, saved_values, saved_sym_nodes)
-
-
-def finish_cut(cut: CutGraphs) -> CutGraphs:
-    """The passes the partition runs on a cut's graphs, in place: RNG replay, then the backward
-    reordered like the autograd engine runs it. Returns ``cut``."""
-    # Recompute must be a pure replay: every random op run again in the backward replays the
-    # forward's RNG state, whatever made it recomputed.
-    cut.replayed = replay_random_ops(cut.fw, cut.bw, len(cut.saved_sym_nodes))
-    reorder_backward(cut.bw)
-    return cut
-
-
-@dataclass(frozen=True)
-class CutMeasure:
-    """What ``SimulatedPeak`` measured of one cut."""
-
-    peak_bytes: int                          # the absolute simulated peak (inputs included)
-    baseline_bytes: int                      # of which, forward inputs alive before the step
-    recompute_runtime: float | None = None   # see recompute_estimate; None without estimator
-
-
-def recompute_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None) -> float:
-    """The estimated runtime the backward spends recomputing: the estimates (``estimator``) of
-    the forward nodes that appear again in the backward (same name; extraction, torch's too,
-    keeps the joint's names). A formula that scores any partitioner's graphs alike."""
-    forward = {n.name for n in fw.nodes if n.op == "call_function"}
-    return float(sum(estimate_runtime(n, estimator) for n in bw.nodes
-                     if n.op == "call_function" and n.name in forward))
-
-
-@dataclass
-class SimulatedPeak:
-    """The measure of a peak cap: a cut's simulated forward+backward peak, in bytes.
-
-    Absolute: what is live at the step's high-water mark, forward inputs (the batch,
-    parameters and buffers), user outputs, saved values, tangents, temporaries and gradients
-    included, as ``memory.simulate_partition`` counts it (fx-level, no allocator rounding, no
-    kernel workspace). The graphs are the partition's own (``extract_cut`` + ``finish_cut``).
-    ``static_input_indices`` label parameters (they are resident either way). Results are
-    cached by saved set, so one search measures each cut once; ``estimator`` also estimates
-    each cut's recompute runtime (``recompute_estimate``, the Pareto sweep's y).
-    """
-
-    joint_module: fx.GraphModule
-    num_fwd_outputs: int
-    static_input_indices: tuple[int, ...] | None = None
-    estimator: str | None = None
-    _measured: dict[frozenset[fx.Node], CutMeasure] = field(default_factory=dict, repr=False)
-
-    def __call__(self, candidate: CutCandidate) -> int:
-        return self.of(candidate.saved).peak_bytes
-
-    @property
-    def simulations(self) -> int:
-        """How many cuts were simulated so far."""
-        return len(self._measured)
-
-    def of(self, saved: Sequence[fx.Node]) -> CutMeasure:
-        """The measure of the cut that saves ``saved`` (cached)."""
-        key = frozenset(saved)
-        found = self._measured.get(key)
-        if found is None:
-            found = self._measured[key] = self._measure(saved)
-        return found
-
-    def _measure(self, saved: Sequence[fx.Node]) -> CutMeasure:
-        cut = extract_cut(self.joint_module, saved, num_fwd_outputs=self.num_fwd_outputs)
-        recompute = (None if self.estimator is None
-                     else recompute_estimate(cut.fw, cut.bw, self.estimator))
-        finish_cut(cut)
-        timeline = memory.simulate_partition(cut.fw, cut.bw,
-                                             static_input_indices=self.static_input_indices)
-        log.debug("simulated peak %d bytes (%d before the step) for %d saved values",
-                  timeline.peak_bytes, timeline.baseline_bytes, len(cut.saved_values))
-        return CutMeasure(timeline.peak_bytes, timeline.baseline_bytes, recompute)

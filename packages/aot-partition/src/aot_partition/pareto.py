@@ -5,9 +5,9 @@ knapsack items and their runtime estimates), then every budget costs one knapsac
 The partitioner calls ``sweep`` and ``write_pareto_png`` when the flag
 ``visualize_memory_budget_pareto`` is on; ``memory_budget_pareto`` is the standalone sweep.
 
-In real bytes: ``memory_budget_pareto`` also simulates each budget's cut (``budget.
+In real bytes: ``memory_budget_pareto`` also simulates each budget's cut (``caps.
 SimulatedPeak``: the absolute forward+backward peak, inputs and parameters included) and
-estimates its recompute from the graphs (``budget.recompute_estimate``); ``score_partition``
+estimates its recompute from the graphs (``caps.recompute_estimate``); ``score_partition``
 scores any partitioner's forward/backward pair the same way (torch's, for a comparison), and
 ``plot_peak_front`` draws peak (x, bytes) against estimated recompute (y).
 """
@@ -25,7 +25,8 @@ from typing import Any, Protocol
 import torch.fx as fx
 
 from . import memory
-from .budget import BudgetSearch, SimulatedPeak, needed_by_backward, recompute_estimate
+from .budget import BudgetSearch, needed_by_backward
+from .caps import SimulatedPeak, recompute_estimate
 from .classify import classify
 from .config import PartitionConfig
 from .draw import plot_pareto

@@ -21,8 +21,8 @@ from typing import Any
 import torch.fx as fx
 
 from ._compat import make_graph_module
-from .budget import (
-    BudgetSearch,
+from .budget import BudgetSearch, validate_memory_budget
+from .caps import (
     Cap,
     SimulatedPeak,
     activation_bytes,
@@ -30,9 +30,9 @@ from .budget import (
     extract_cut,
     finish_cut,
     peak_cap,
-    validate_memory_budget,
     validate_memory_budget_bytes,
     validate_peak_bytes,
+    within_caps,
 )
 from .classify import NodeInfo, classify
 from .config import PartitionConfig
@@ -162,8 +162,8 @@ class _Choice:
     saved: list[fx.Node]
     solution: MinCutSolution | None
     options: MinCutOptions                 # the options of the cut that chose ``saved``
-    activation_bytes: int | None = None    # set under a byte budget (budget.activation_bytes)
-    simulated_peak: int | None = None      # set under a peak cap (budget.SimulatedPeak)
+    activation_bytes: int | None = None    # set under a byte budget (caps.activation_bytes)
+    simulated_peak: int | None = None      # set under a peak cap (caps.SimulatedPeak)
 
 
 def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
@@ -200,7 +200,7 @@ def _cap_words(config: PartitionConfig) -> str:
 
 def _choose_under_caps(search: BudgetSearch, config: PartitionConfig,
                        peak: SimulatedPeak | None) -> _Choice:
-    chosen = search.within_caps(_caps(search, config, peak))
+    chosen = within_caps(search, _caps(search, config, peak))
     saved = list(chosen.saved)
     nbytes = activation_bytes(search, chosen)
     simulated = peak(chosen) if peak is not None else None  # cached: measured while choosing

@@ -51,11 +51,11 @@ class PartitionReport:
     active_rules: tuple[str, ...] = ()
     config: PartitionConfig | None = None      # the settings the partition ran under
     memory_budget_bytes: int | None = None     # the cap on activation bytes, if one was set
-    # Under a byte cap: the bytes it was held to (budget.activation_bytes: saved_bytes less
+    # Under a byte cap: the bytes it was held to (caps.activation_bytes: saved_bytes less
     # parameters and buffers when they are free to save).
     activation_bytes: int | None = None
     peak_bytes: int | None = None              # the cap on the simulated peak, if one was set
-    # Under a peak cap: the chosen cut's simulated forward+backward peak (budget.SimulatedPeak:
+    # Under a peak cap: the chosen cut's simulated forward+backward peak (caps.SimulatedPeak:
     # absolute, the step's inputs and parameters included).
     simulated_peak_bytes: int | None = None
 
