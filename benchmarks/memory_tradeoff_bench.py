@@ -66,11 +66,40 @@ class Point:
     step_seconds: float   # roofline estimate of forward + backward
 
 
-def _static_inputs(spec: dict[str, Any]) -> int:
+def _static_inputs(spec: dict[str, Any]) -> list[int]:
     """Parameters and buffers lead the joint's primals (aot_module lifts them first)."""
     spec = dict(spec)
     module = build_model(spec.pop("name"), **spec).module
-    return len(list(module.parameters())) + len(list(module.buffers()))
+    return list(range(len(list(module.parameters())) + len(list(module.buffers()))))
+
+
+def capture_real(name: str) -> tuple[Joint, list[int]]:
+    """A transformers / torchvision / timm model of tests/aot_pipeline/test_real_models.py, its
+    joint as torch.compile hands it to a partitioner, and the static-lifetime input indices."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "aot_pipeline"))
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    import test_real_models as real  # noqa: PLC0415 - test-only models, imported on request
+    from functorch.compile import default_partition, make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    case = real.build(name)
+    record: dict[str, Any] = {}
+
+    def recording(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                  **kwargs: Any) -> Any:
+        if "joint" not in record:
+            record["joint"] = Joint(name, copy.deepcopy(joint), joint_inputs, num_fwd_outputs)
+            record["static"] = list(kwargs.get("static_lifetime_input_indices") or [])
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    def boxed(gm: fx.GraphModule, _inputs: Any) -> Any:
+        return make_boxed_func(gm)
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=boxed, bw_compiler=boxed, partition_fn=recording)
+    compiled = torch.compile(case.module, backend=backend, fullgraph=False)
+    real.run_step(case.module, case.kwargs, call=compiled)
+    return record["joint"], record["static"]
 
 
 def _estimated_seconds(*graphs: fx.Graph) -> float:
@@ -78,8 +107,9 @@ def _estimated_seconds(*graphs: fx.Graph) -> float:
                if node.op == "call_function")
 
 
-def _saved_bytes(fw: fx.GraphModule, num_fwd_outputs: int, num_static: int) -> int:
-    static = set(list(fw.graph.find_nodes(op="placeholder"))[:num_static])
+def _saved_bytes(fw: fx.GraphModule, num_fwd_outputs: int, static_indices: list[int]) -> int:
+    placeholders = list(fw.graph.find_nodes(op="placeholder"))
+    static = {placeholders[i] for i in static_indices}
     output = next(iter(fw.graph.find_nodes(op="output")))
     total = 0
     for out in list(output.args[0])[num_fwd_outputs:]:
@@ -90,19 +120,19 @@ def _saved_bytes(fw: fx.GraphModule, num_fwd_outputs: int, num_static: int) -> i
 
 
 def score(joint: Joint, who: str, budget: str, fw: fx.GraphModule, bw: fx.GraphModule,
-          num_static: int) -> Point:
-    timeline = simulate_partition(fw.graph, bw.graph, num_static_inputs=num_static)
+          num_static: list[int]) -> Point:
+    timeline = simulate_partition(fw.graph, bw.graph, static_input_indices=num_static)
     return Point(joint.label, who, budget, int(timeline.peak_bytes),
                  _saved_bytes(fw, joint.num_fwd_outputs, num_static),
                  _estimated_seconds(fw.graph, bw.graph))
 
 
-def partition(joint: Joint, who: str, num_static: int, *, fraction: float = 1.0,
+def partition(joint: Joint, who: str, num_static: list[int], *, fraction: float = 1.0,
               nbytes: int | None = None, peak: int | None = None
               ) -> tuple[fx.GraphModule, fx.GraphModule]:
     module = copy.deepcopy(joint.module)
     # As AOTAutograd passes them: parameters and buffers are static-lifetime inputs.
-    static = list(range(num_static))
+    static = list(num_static)
     if who == "torch":
         with torch_config.patch(activation_memory_budget=fraction):
             return torch_min_cut_partition(module, joint.inputs,
@@ -119,27 +149,23 @@ def partition(joint: Joint, who: str, num_static: int, *, fraction: float = 1.0,
                                                    static_lifetime_input_indices=static)
 
 
-def model_points(joint: Joint, budgets: tuple[float, ...], num_static: int) -> list[Point]:
+def model_points(joint: Joint, budgets: tuple[float, ...], num_static: list[int]
+                 ) -> list[Point]:
     points: list[Point] = []
     for fraction in budgets:
         for who in ("torch", "ours", "ours:roofline"):
             fw, bw = partition(joint, who, num_static, fraction=fraction)
             points.append(score(joint, who, f"{fraction:g}", fw, bw, num_static))
     for torch_point in [p for p in points if p.partitioner == "torch"]:
-        try:
-            fw, bw = partition(joint, "ours", num_static, nbytes=torch_point.saved_bytes)
-        except ValueError as error:  # a cap below what ours can reach
-            print(f"{joint.label}: {error}", file=sys.stderr)
-            continue
-        points.append(score(joint, "ours:bytes", str(torch_point.saved_bytes), fw, bw,
-                            num_static))
-        try:
-            fw, bw = partition(joint, "ours", num_static, peak=torch_point.simulated_peak)
-        except ValueError as error:
-            print(f"{joint.label}: {error}", file=sys.stderr)
-            continue
-        points.append(score(joint, "ours:peak", str(torch_point.simulated_peak), fw, bw,
-                            num_static))
+        caps = (("ours:bytes", torch_point.saved_bytes, {"nbytes": torch_point.saved_bytes}),
+                ("ours:peak", torch_point.simulated_peak, {"peak": torch_point.simulated_peak}))
+        for who, cap, kwargs in caps:
+            try:
+                fw, bw = partition(joint, "ours", num_static, **kwargs)
+            except ValueError as error:  # a cap below what ours can reach
+                print(f"{joint.label}: {error}", file=sys.stderr)
+                continue
+            points.append(score(joint, who, str(cap), fw, bw, num_static))
     return points
 
 
@@ -212,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--real", default="",
+                        help="comma-separated models of tests/aot_pipeline/test_real_models.py "
+                             "(transformers, torchvision, timm), e.g. gpt2,llama,tv_resnet18")
     parser.add_argument("--smoke", action="store_true", help="one tiny model, three budgets")
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     args = parser.parse_args(argv)
@@ -223,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         joint = capture_joint(label, spec)
         points += model_points(joint, budgets, _static_inputs(spec))
         plot(points, label, os.path.join(args.out, f"memory_tradeoff_{label}.png"))
+    for name in tqdm([n for n in args.real.split(",") if n], desc="real models",
+                     file=sys.stderr):
+        joint, static = capture_real(name)
+        points += model_points(joint, budgets, static)
+        plot(points, name, os.path.join(args.out, f"memory_tradeoff_{name}.png"))
     rows = verdicts(points)
     meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
             "torch": torch.__version__,
