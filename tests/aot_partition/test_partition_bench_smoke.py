@@ -35,3 +35,23 @@ def test_smoke_run_writes_json_markdown_and_png(tmp_path):
         "RuntimeError: one of the variables needed for gradient computation")
     assert "| model | nodes | budget |" in (tmp_path / "partition_bench.md").read_text()
     assert (tmp_path / "pareto_gpt-1.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_memory_tradeoff_smoke_scores_both_partitioners_in_bytes(tmp_path):
+    script = os.path.join(ROOT, "benchmarks", "memory_tradeoff_bench.py")
+    done = subprocess.run([sys.executable, script, "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "memory_tradeoff.json").read_text())
+    points = result["points"]
+    torch_points = {p["budget"]: p for p in points if p["partitioner"] == "torch"}
+    ours = {p["budget"]: p for p in points if p["partitioner"] == "ours"}
+    assert set(torch_points) == set(ours) == {"1", "0.5", "0"}
+    # At 1.0 both take the runtime-optimal cut: the same saved bytes and the same peak.
+    assert ours["1"]["saved_bytes"] == torch_points["1"]["saved_bytes"]
+    assert ours["1"]["simulated_peak"] == torch_points["1"]["simulated_peak"]
+    # A peak cap placed at torch's peak is kept.
+    caps = [p for p in points if p["partitioner"] == "ours:peak"]
+    assert caps and all(p["simulated_peak"] <= int(p["budget"]) for p in caps)
+    assert (tmp_path / "memory_tradeoff_gpt-1.png").read_bytes()[:4] == b"\x89PNG"
