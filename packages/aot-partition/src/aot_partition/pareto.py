@@ -94,16 +94,18 @@ def sweep(search: BudgetSearch, budgets: Sequence[float] = DEFAULT_BUDGETS, *,
     """
     looped = progress(budgets) if progress is not None else budgets
     chosen = [(float(budget), *search.saved_values(budget)) for budget in looped]
-    saved_bytes = [_bytes(needed_by_backward(search, saved)) for _, saved, _ in chosen]
+    needed = [needed_by_backward(search, saved) for _, saved, _ in chosen]
     low = _bytes(needed_by_backward(search, search.saved_values(0.0)[0]))
     high = _bytes(needed_by_backward(search, search.runtime_optimal))
     span = high - low
     measured = [peak.of(saved) if peak is not None else None for _, saved, _ in chosen]
-    return [ParetoPoint(budget, runtime, (nbytes - low) / span if span > 0 else 0.0, nbytes,
-                        len(needed_by_backward(search, saved)),
-                        None if m is None else m.peak_bytes,
-                        None if m is None else m.recompute_runtime)
-            for (budget, saved, runtime), nbytes, m in zip(chosen, saved_bytes, measured)]
+    points = []
+    for (budget, _, runtime), read, m in zip(chosen, needed, measured, strict=True):
+        nbytes = _bytes(read)
+        points.append(ParetoPoint(budget, runtime, (nbytes - low) / span if span > 0 else 0.0,
+                                  nbytes, len(read), None if m is None else m.peak_bytes,
+                                  None if m is None else m.recompute_runtime))
+    return points
 
 
 def _bytes(nodes: Sequence[fx.Node]) -> int:
