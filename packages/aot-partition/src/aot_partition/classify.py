@@ -36,6 +36,9 @@ FAR_FROM_BACKWARD = int(1e9)
 
 # ---- operator categories ---------------------------------------------------------------------
 
+_FUSIBLE, _COMPUTE_INTENSIVE, _RANDOM, _VIEW, _RECOMPUTABLE = 1, 2, 4, 8, 16
+
+
 @dataclass(frozen=True)
 class OpTypes:
     """Operator categories, as sets of OpOverloadPackets (or plain callables)."""
@@ -45,21 +48,41 @@ class OpTypes:
     random_ops: frozenset[Callable[..., Any]]
     view_ops: frozenset[Callable[..., Any]]
     recomputable_ops: frozenset[Callable[..., Any]]
+    # target -> its categories as bits: the policy asks tens of thousands of times per
+    # partition, and an OpOverloadPacket hashes in Python.
+    _memo: dict[Any, int] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def _categories(self, node: fx.Node) -> int:
+        target = node.target
+        try:
+            return self._memo[target]
+        except KeyError:
+            bits = self._memo[target] = self._categories_of(aten_packet(node))
+            return bits
+        except TypeError:  # an unhashable target
+            return self._categories_of(aten_packet(node))
+
+    def _categories_of(self, packet: Any) -> int:
+        return ((packet in self.fusible_ops) * _FUSIBLE
+                | (packet in self.compute_intensive_ops) * _COMPUTE_INTENSIVE
+                | (packet in self.random_ops) * _RANDOM
+                | (packet in self.view_ops) * _VIEW
+                | (packet in self.recomputable_ops) * _RECOMPUTABLE)
 
     def is_fusible(self, node: fx.Node) -> bool:
-        return aten_packet(node) in self.fusible_ops
+        return bool(self._categories(node) & _FUSIBLE)
 
     def is_compute_intensive(self, node: fx.Node) -> bool:
-        return aten_packet(node) in self.compute_intensive_ops
+        return bool(self._categories(node) & _COMPUTE_INTENSIVE)
 
     def is_random(self, node: fx.Node) -> bool:
-        return aten_packet(node) in self.random_ops
+        return bool(self._categories(node) & _RANDOM)
 
     def is_view(self, node: fx.Node) -> bool:
-        return aten_packet(node) in self.view_ops
+        return bool(self._categories(node) & _VIEW)
 
     def is_recomputable(self, node: fx.Node) -> bool:
-        return aten_packet(node) in self.recomputable_ops
+        return bool(self._categories(node) & _RECOMPUTABLE)
 
 
 def _existing(namespace: Any, names: Iterable[str]) -> list[Any]:

@@ -26,6 +26,7 @@ from torch.fx.experimental.symbolic_shapes import (
 
 from ._compat import make_graph_module, saved_output_descs
 from .joint import (
+    PLAIN_LEAVES,
     check_topological_order,
     computable_from,
     forward_and_backward_outputs,
@@ -53,7 +54,10 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
         placeholder = graph.placeholder(node.name)
-        placeholder.meta = node.meta  # an fx node can become a placeholder: no node_copy
+        # An fx node can become a placeholder: no node_copy. The meta is shared, as torch
+        # shares it; object.__setattr__ skips Node.__setattr__'s find-nodes table update,
+        # which the meta does not key (see _copy_node).
+        object.__setattr__(placeholder, "meta", node.meta)
         env[node] = placeholder
     for node in joint_graph.nodes:
         if node in needed and node not in env:
@@ -86,15 +90,32 @@ def _copy_node(graph: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node]) -> f
     and register the node with its inputs; it is their last user, as with node_copy).
     Neither touches the table's key (op, target) nor the node's place in it.
     """
-    args = fx.map_arg(node.args, env.__getitem__)
-    kwargs = fx.map_arg(node.kwargs, env.__getitem__)
+    args = _map_args(node.args, env)
+    kwargs = node.kwargs
     copied = graph.create_node(node.op, node.target, (), None, node.name, node.type)
     if args:
         object.__setattr__(copied, "args", args)
     if kwargs:
-        object.__setattr__(copied, "kwargs", kwargs)
-    object.__setattr__(copied, "meta", copy.copy(node.meta))
+        object.__setattr__(copied, "kwargs", fx.map_arg(kwargs, env.__getitem__))
+    meta = node.meta
+    object.__setattr__(copied, "meta", meta.copy() if type(meta) is dict else copy.copy(meta))
     return copied
+
+
+
+def _map_args(args: tuple[Any, ...], env: dict[fx.Node, fx.Node]) -> tuple[Any, ...]:
+    """``fx.map_arg(args, env.__getitem__)`` for a node's args tuple, with the usual flat
+    case (nodes and plain scalars) done inline; anything else goes through map_arg."""
+    mapped = []
+    for value in args:
+        kind = type(value)
+        if kind is fx.Node:
+            mapped.append(env[value])
+        elif kind in PLAIN_LEAVES:
+            mapped.append(value)
+        else:
+            return fx.map_arg(args, env.__getitem__)
+    return tuple(mapped)
 
 
 def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
@@ -124,17 +145,21 @@ def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
     return live
 
 
-def _downstream_of_backward_inputs(joint_graph: fx.Graph, computable: set[fx.Node]
-                                   ) -> set[fx.Node]:
-    """Nodes of ``computable`` that read a tangent or a backward seed, directly or not."""
+def _computable_downstream_of_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node]
+                                              ) -> tuple[set[fx.Node], set[fx.Node]]:
+    """(``computable_from(joint_graph, inputs)``, the nodes of it that read a tangent or a
+    backward seed, directly or not), in one walk of the graph."""
+    computable = set(inputs)
     region: set[fx.Node] = set()
     for node in joint_graph.nodes:
+        read = node.all_input_nodes
         if node not in computable:
-            continue
-        if (is_tangent(node) or is_bwd_seed_offset(node)
-                or any(a in region for a in node.all_input_nodes)):
+            if node.op in ("placeholder", "output") or not all(a in computable for a in read):
+                continue
+            computable.add(node)
+        if (any(a in region for a in read) or is_tangent(node) or is_bwd_seed_offset(node)):
             region.add(node)
-    return region
+    return computable, region
 
 
 def _needed_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
@@ -146,9 +171,10 @@ def _needed_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
     a batch norm's stat update twice would be wrong); the backward keeps only the impure
     nodes that read a tangent or a backward seed.
     """
-    computable = computable_from(joint_graph, inputs)
-    allowed = _downstream_of_backward_inputs(joint_graph, computable) if backward else None
-    return _live_nodes(computable, inputs, outputs, allowed)
+    if backward:
+        computable, allowed = _computable_downstream_of_backward_inputs(joint_graph, inputs)
+        return _live_nodes(computable, inputs, outputs, allowed)
+    return _live_nodes(computable_from(joint_graph, inputs), inputs, outputs)
 
 
 def backward_live_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
@@ -184,9 +210,11 @@ def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
             derived.append(node)
     bindings: dict[Any, fx.Node] | None = None  # a whole-graph scan: only when needed
     for node in [*derived, *saved_values, *tangents]:
-        if "val" not in node.meta:
-            continue
-        new_symbols = free_symbols(node.meta["val"]) - saved_symbols
+        val = node.meta.get("val")
+        if val is None or (isinstance(val, torch.Tensor)
+                           and not val._has_symbolic_sizes_strides):
+            continue  # static shapes (the usual case): no symbol, and free_symbols is slow
+        new_symbols = free_symbols(val) - saved_symbols
         if not new_symbols:
             continue
         if bindings is None:

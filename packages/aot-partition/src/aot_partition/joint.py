@@ -53,6 +53,9 @@ def is_primal(node: fx.Node) -> bool:
 
 # ---- ops ------------------------------------------------------------------------------------
 
+# Argument leaves that are plain Python scalars (the passes handle these inline, fast).
+PLAIN_LEAVES = (int, float, bool, str, type(None))
+
 _PACKETS: dict[Any, Any] = {}  # target -> packet: the policy asks tens of thousands of times
 
 

@@ -103,7 +103,7 @@ def _op_category(node: fx.Node, ctx: PolicyContext) -> str:
     op_types = ctx.op_types
     if op_types.is_view(node):
         return "view"
-    if is_effectful(node):
+    if is_effectful(node, ctx.effects):
         return "effectful"
     if op_types.is_random(node) or is_random(node):
         return "random"

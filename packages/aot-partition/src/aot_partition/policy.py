@@ -16,7 +16,8 @@ import functools
 import heapq
 import operator
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -45,6 +46,9 @@ class PolicyContext:
     recompute_views: bool
     max_dist_from_bw: int
     treat_params_as_free: bool = False  # static-lifetime inputs (parameters) cost 0 to save
+    # op -> has a side effect, asked once per op of this context (and of its ``replace``s):
+    # torch's check reads the op's schema and the effect registry each time.
+    effects: dict[Any, bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def create(cls, op_types: OpTypes, node_info: NodeInfo, options: MinCutOptions,
@@ -72,15 +76,26 @@ Predicate = Callable[[fx.Node, PolicyContext], "str | None"]
 
 # ---- one predicate per heuristic -------------------------------------------------------------
 
-def is_effectful(node: fx.Node) -> bool:
-    """An op with a side effect (threaded through effect tokens once functionalized)."""
+def is_effectful(node: fx.Node, memo: dict[Any, bool] | None = None) -> bool:
+    """An op with a side effect (threaded through effect tokens once functionalized).
+
+    ``memo``: op -> answer, kept by the caller for one partition (an effect registered
+    meanwhile is seen by the next one)."""
     target = node.target
     if target is torch.ops.higher_order.with_effects:
         return True
-    return isinstance(target, torch._ops.OpOverload) and has_effects(target)
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if memo is None:
+        return has_effects(target)
+    try:
+        return memo[target]
+    except KeyError:
+        effectful = memo[target] = has_effects(target)
+        return effectful
 
 
-def never_recompute(node: fx.Node) -> str | None:
+def never_recompute(node: fx.Node, effects: dict[Any, bool] | None = None) -> str | None:
     """Why ``node`` may never be recomputed, whatever the options or the budget, or None.
 
     Recompute must be a pure replay of the forward: these nodes would not give the forward's
@@ -91,13 +106,13 @@ def never_recompute(node: fx.Node) -> str | None:
     obstacle = replay_obstacle(node)
     if obstacle is not None:
         return obstacle
-    if is_effectful(node):
+    if is_effectful(node, effects):
         return "effectful op: recomputing would repeat its side effect"
     return None
 
 
 def never_recomputable(node: fx.Node, ctx: PolicyContext) -> str | None:
-    return never_recompute(node)
+    return never_recompute(node, ctx.effects)
 
 
 def not_in_allowlist(node: fx.Node, ctx: PolicyContext) -> str | None:
@@ -200,7 +215,7 @@ def active_ban_rules(options: MinCutOptions) -> tuple[NodeRule, ...]:
 def _never_banned(node: fx.Node, ctx: PolicyContext) -> bool:
     if node.op != "call_function" or node.target is operator.getitem:
         return True
-    if must_save(node) or is_effectful(node):
+    if must_save(node) or is_effectful(node, ctx.effects):
         return False
     if ctx.recompute_views and ctx.op_types.is_view(node):
         return True

@@ -25,7 +25,10 @@ def size_hint(value: int | torch.SymInt) -> int:
 
 
 def tensor_nbytes(value: torch.Tensor) -> int:
-    return size_hint(value.numel()) * value.dtype.itemsize
+    numel = value.numel()
+    if type(numel) is not int:  # symbolic: its hint
+        numel = size_hint(numel)
+    return numel * value.dtype.itemsize
 
 
 def _value_nbytes(value: object) -> int:

@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..joint import aten_packet, is_random
+from ..joint import PLAIN_LEAVES, aten_packet, is_random
 
 _NEVER_MERGED = (torch.ops.aten.empty,)
 
@@ -47,6 +47,23 @@ def _freeze(value: Any, env: dict[fx.Node, fx.Node]) -> Any:
     return (type(value), value)
 
 
+
+def _freeze_args(args: tuple[Any, ...], env: dict[fx.Node, fx.Node]) -> Any:
+    """``_freeze(args, env)`` for a node's ``args`` tuple, the usual leaves inline (this
+    runs once per node of the joint)."""
+    frozen: list[Any] = []
+    for value in args:
+        kind = type(value)
+        if kind is fx.Node:
+            frozen.append(env[value])
+        elif kind in PLAIN_LEAVES:
+            frozen.append((kind, value))
+        else:
+            frozen.append(_freeze(value, env))
+    return (type(args), tuple(frozen))
+
+
+_NO_KWARGS = (dict, ())
 _UNMERGEABLE_TARGETS: dict[Any, bool] = {}  # target -> never merged: asked once per target
 
 
@@ -149,7 +166,9 @@ def merge_common_subexpressions(
         else:
             key: tuple[Any, ...] | None
             try:
-                key = (node.target, _freeze(node.args, env), _freeze(node.kwargs, env),
+                kwargs = node.kwargs
+                key = (node.target, _freeze_args(node.args, env),
+                       _freeze(kwargs, env) if kwargs else _NO_KWARGS,
                        node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
                        keep_apart(node) if keep_apart is not None else None)
                 first = seen.get(key)

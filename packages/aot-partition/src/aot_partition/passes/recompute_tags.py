@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -86,15 +88,29 @@ def _mutated_inputs(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
     """
     functional_writes = _inputs_returned_as_mutations(graph)
     in_graph: set[fx.Node] = set()
+    functional: dict[Any, bool] = {}  # target -> a functionalized op (schema names are slow)
     for node in graph.nodes:
         if node.op != "call_function":
             continue
-        schema = getattr(node.target, "_schema", None)
-        if schema is not None and schema.name.endswith("_functional"):
-            functional_writes.update(_written_placeholder_args(node, schema))
-        elif node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
-            in_graph.add(node.args[0])
+        target = node.target
+        if target is torch.ops.aten.copy_.default:
+            if node.args[0].op == "placeholder":
+                in_graph.add(node.args[0])
+            continue
+        try:
+            is_functional = functional[target]
+        except (KeyError, TypeError):  # TypeError: an unhashable target
+            is_functional = _is_functionalized(target)
+            with contextlib.suppress(TypeError):
+                functional[target] = is_functional
+        if is_functional:
+            functional_writes.update(_written_placeholder_args(node, target._schema))
     return functional_writes - in_graph, in_graph
+
+
+def _is_functionalized(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and schema.name.endswith("_functional")
 
 
 _BATCH_NORM_STATS = ("running_mean", "running_var")
@@ -126,6 +142,8 @@ def save_readers_of_mutated_inputs(graph: fx.Graph) -> bool:
     running stats only to update them), so it stays recomputable, as in torch.
     """
     after_forward, in_graph = _mutated_inputs(graph)
+    if not after_forward and not in_graph:  # the usual case: no reader to look at
+        return False
     changed = False
     for node in graph.nodes:
         if node.op != "call_function" or node.target is torch.ops.aten.copy_.default:
