@@ -189,7 +189,7 @@ def classify(
     nodes = list(graph.nodes)
     tangents_closure: set[fx.Node] = set()
     for node in nodes:
-        if is_tangent(node) or any(a in tangents_closure for a in node.all_input_nodes):
+        if is_tangent(node) or any(a in tangents_closure for a in node._input_nodes):
             if node.op != "output":
                 tangents_closure.add(node)
 

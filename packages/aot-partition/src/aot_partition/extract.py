@@ -135,7 +135,7 @@ def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
                 continue
             live.add(node)
             if node not in input_set:  # what an input was computed from is not needed
-                stack.extend(a for a in node.all_input_nodes if a not in live)
+                stack.extend(a for a in node._input_nodes if a not in live)
 
     mark(o for o in outputs if isinstance(o, fx.Node))
     impure_random = treats_random_as_impure()
@@ -152,7 +152,7 @@ def _computable_downstream_of_backward_inputs(joint_graph: fx.Graph, inputs: Seq
     computable = set(inputs)
     region: set[fx.Node] = set()
     for node in joint_graph.nodes:
-        read = node.all_input_nodes
+        read = node._input_nodes
         if node not in computable:
             if node.op in ("placeholder", "output") or not all(a in computable for a in read):
                 continue

@@ -4,6 +4,12 @@ Which placeholders are primals, tangents, RNG seeds or backward state; where the
 outputs end and the gradients begin; the aten packet of a node and whether it is random;
 topological order, and the nodes computable from (or needed by) a set of others. Nothing here
 depends on flags or on a partition in progress.
+
+The graph walks of this package read a node's inputs from ``node._input_nodes``, the dict
+behind ``all_input_nodes`` (same nodes, same order), where they run once per node or more:
+``all_input_nodes`` copies it into a new list on every call (about 10 calls per node and
+partition). Every supported torch release has it; ``tests/aot_partition/test_fx_internals``
+checks that on each.
 """
 
 from __future__ import annotations
@@ -100,7 +106,7 @@ def check_topological_order(graph: fx.Graph) -> None:
     """Raise GraphCycleError naming the first node that reads a later one (and the cycle)."""
     seen: set[fx.Node] = set()
     for node in graph.nodes:
-        for arg in node.all_input_nodes:
+        for arg in node._input_nodes:
             if arg not in seen:
                 raise GraphCycleError(node.name, arg.name, _cycle_through(node, arg))
         seen.add(node)
@@ -132,7 +138,7 @@ def computable_from(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
     for node in graph.nodes:
         if node in computable or node.op in ("placeholder", "output"):
             continue
-        if all(arg in computable for arg in node.all_input_nodes):
+        if all(arg in computable for arg in node._input_nodes):
             computable.add(node)
     return computable
 
@@ -146,5 +152,5 @@ def ancestors_within(outputs: Iterable[Any], allowed: set[fx.Node]) -> set[fx.No
         if node in seen:
             continue
         seen.add(node)
-        stack.extend(a for a in node.all_input_nodes if a in allowed and a not in seen)
+        stack.extend(a for a in node._input_nodes if a in allowed and a not in seen)
     return seen

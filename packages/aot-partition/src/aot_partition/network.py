@@ -142,7 +142,7 @@ def _describe_node(node: fx.Node, ctx: PolicyContext, by_target: dict[Any, str],
     # Valid by construction (names unique, categories known, sizes >= 0): skip the checks.
     return CoreNode.unchecked(
         id=node.name,
-        inputs=tuple(a.name for a in node.all_input_nodes),
+        inputs=tuple([a.name for a in node._input_nodes]),
         nbytes=nbytes,
         category=category,
         forward=node in info.required_fw,

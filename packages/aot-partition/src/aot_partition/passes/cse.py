@@ -185,7 +185,7 @@ def merge_common_subexpressions(
                 seen[key] = node
             elif first is None and key is not None:
                 seen[key] = node
-        if any(env[a] is not a for a in node.all_input_nodes):
+        if any(env[a] is not a for a in node._input_nodes):
             merged.rewire(node, fx.map_arg(node.args, env.__getitem__),
                           fx.map_arg(node.kwargs, env.__getitem__))
     return merged

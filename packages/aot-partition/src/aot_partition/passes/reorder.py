@@ -39,7 +39,7 @@ def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
             if cur in needed or cur in placed:
                 continue
             needed.add(cur)
-            stack.extend(cur.all_input_nodes)
+            stack.extend(cur._input_nodes)
         placed.update(needed)
         new_order.extend(sorted(needed, key=order.__getitem__))
 
