@@ -15,9 +15,10 @@ import torch
 from aot_partition import core
 from aot_partition.classify import classify, default_op_types
 from aot_partition.config import MinCutOptions, PartitionConfig
-from aot_partition.network import fx_core_graph
+from aot_partition.network import describe, fx_core_graph
+from aot_partition.passes.recompute_tags import must_recompute
 from aot_partition.partitioners import partition_with_report
-from aot_partition.policy import PolicyContext
+from aot_partition.policy import PolicyContext, can_be_banned
 from aot_partition.prepare import prepared_joint
 from aot_partition.solve import solve_min_cut_detailed
 from zoo import ZOO, make_case
@@ -75,3 +76,22 @@ def test_description_fed_to_core_gives_the_same_cut(name, capture):
     assert result.banned == {n.name: why for n, why in solution.banned.items()}
     kinds = {d.kind for d in result.decisions.values()}
     assert kinds <= {"saved", "recomputed", "backward", "forward"} and "saved" in kinds
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_description_inlines_the_policy_checks(name, capture):
+    """``describe`` inlines ``can_be_banned`` and ``must_recompute`` per node (it runs once per
+    joint node); the inlined answers are the policy's, node for node (checkpoint-annotated
+    joints: test_partition_checkpoint)."""
+    joint = _joint(capture, name)
+    module = joint.fresh()
+    config = PartitionConfig()
+    with prepared_joint(module, joint.num_fwd_outputs):
+        info = classify(module, joint.num_fwd_outputs)
+        ctx = PolicyContext.create(default_op_types(), info, MinCutOptions(), config)
+        desc = describe(module.graph, ctx)
+        for fx_node, node in zip(desc.nodes, desc.graph.nodes):
+            assert (fx_node in desc.exempt) == (not can_be_banned(fx_node, ctx, ())), fx_node
+            assert node.must_recompute == (must_recompute(fx_node)
+                                           and fx_node not in info.tangents_closure), fx_node
+            assert node.inputs == tuple(a.name for a in fx_node.all_input_nodes)

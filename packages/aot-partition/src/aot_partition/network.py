@@ -28,8 +28,8 @@ from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
 from .core import CoreGraph, CoreNode, CorePartition, partition
 from .errors import PartitionError
 from .joint import is_bwd_seed_offset, is_fwd_seed_offset, is_primal, is_random, is_tangent
-from .passes.recompute_tags import must_recompute
-from .policy import PolicyContext, RuleAnswers, can_be_banned, graph_wide_bans, is_effectful
+from .passes.recompute_tags import RECOMPUTE_POLICIES
+from .policy import PolicyContext, RuleAnswers, graph_wide_bans, is_effectful
 from .sizes import node_nbytes, sym_node_size, tensor_nbytes
 
 log = logging.getLogger(__name__)
@@ -125,23 +125,32 @@ def _nbytes(node: fx.Node, val: Any) -> int:
 
 def _describe_node(node: fx.Node, ctx: PolicyContext, by_target: dict[Any, str],
                    exempt_nodes: set[fx.Node]) -> CoreNode:
-    """``node`` in core terms; adds it to ``exempt_nodes`` when no ban may apply to it."""
+    """``node`` in core terms; adds it to ``exempt_nodes`` when no ban may apply to it.
+
+    Runs once per joint node: the checks of ``must_recompute`` and ``can_be_banned`` are
+    inlined on the meta and value in hand."""
     info = ctx.node_info
-    val = node.meta.get("val")
-    nbytes = _nbytes(node, val)
+    meta = node.meta
+    val = meta.get("val")
+    is_tensor = isinstance(val, torch.Tensor)
+    nbytes = tensor_nbytes(val) if is_tensor else _nbytes(node, val)
     in_backward = node in info.tangents_closure
-    recompute = not in_backward and must_recompute(node)
+    annotated_recompute = meta.get("recompute") in RECOMPUTE_POLICIES  # must_recompute
+    recompute = not in_backward and annotated_recompute
     if in_backward or recompute:
         cost, why = 0.0, ""
     else:  # a tensor's bytes are known: save_cost need not size it again
-        cost, why = save_cost(node, ctx, nbytes if isinstance(val, torch.Tensor) else None)
+        cost, why = save_cost(node, ctx, nbytes if is_tensor else None)
     category = _category(node, ctx, why, by_target)
-    exempt = not can_be_banned(node, ctx, ())
+    # not can_be_banned(node, ctx, ()):
+    exempt = (annotated_recompute or ctx.op_types.is_view(node)
+              or isinstance(val, torch.SymFloat))
     if exempt:
         exempt_nodes.add(node)
     # Valid by construction (names unique, categories known, sizes >= 0): skip the checks.
     return CoreNode.unchecked(
         id=node.name,
+        # node._input_nodes: all_input_nodes without its list copy (see joint.py)
         inputs=tuple([a.name for a in node._input_nodes]),
         nbytes=nbytes,
         category=category,
@@ -152,7 +161,7 @@ def _describe_node(node: fx.Node, ctx: PolicyContext, by_target: dict[Any, str],
         # policy's call; exempt nodes (can_be_banned) get no category ban either.
         allow_recompute=category == "random" or exempt,
         must_recompute=recompute,
-        save_cost=None if math.isinf(cost) else cost,
+        save_cost=None if cost == math.inf else cost,
     )
 
 
