@@ -132,8 +132,10 @@ def _describe_node(node: fx.Node, ctx: PolicyContext, by_target: dict[Any, str],
     info = ctx.node_info
     meta = node.meta
     val = meta.get("val")
-    is_tensor = isinstance(val, torch.Tensor)
-    nbytes = tensor_nbytes(val) if is_tensor else _nbytes(node, val)
+    if isinstance(val, torch.Tensor):
+        is_tensor, nbytes = True, tensor_nbytes(val)
+    else:
+        is_tensor, nbytes = False, _nbytes(node, val)
     in_backward = node in info.tangents_closure
     annotated_recompute = meta.get("recompute") in RECOMPUTE_POLICIES  # must_recompute
     recompute = not in_backward and annotated_recompute
