@@ -102,7 +102,6 @@ def _copy_node(graph: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node]) -> f
     return copied
 
 
-
 def _map_args(args: tuple[Any, ...], env: dict[fx.Node, fx.Node]) -> tuple[Any, ...]:
     """``fx.map_arg(args, env.__getitem__)`` for a node's args tuple, with the usual flat
     case (nodes and plain scalars) done inline; anything else goes through map_arg."""

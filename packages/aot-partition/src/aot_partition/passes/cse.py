@@ -47,7 +47,6 @@ def _freeze(value: Any, env: dict[fx.Node, fx.Node]) -> Any:
     return (type(value), value)
 
 
-
 def _freeze_args(args: tuple[Any, ...], env: dict[fx.Node, fx.Node]) -> Any:
     """``_freeze(args, env)`` for a node's ``args`` tuple, the usual leaves inline (this
     runs once per node of the joint)."""
