@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 from typing import Any
 
@@ -88,7 +88,6 @@ def _mutated_inputs(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
     """
     functional_writes = _inputs_returned_as_mutations(graph)
     in_graph: set[fx.Node] = set()
-    functional: dict[Any, bool] = {}  # target -> a functionalized op (schema names are slow)
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -98,16 +97,15 @@ def _mutated_inputs(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
                 in_graph.add(node.args[0])
             continue
         try:
-            is_functional = functional[target]
-        except (KeyError, TypeError):  # TypeError: an unhashable target
             is_functional = _is_functionalized(target)
-            with contextlib.suppress(TypeError):
-                functional[target] = is_functional
+        except TypeError:  # an unhashable target
+            is_functional = _is_functionalized.__wrapped__(target)
         if is_functional:
             functional_writes.update(_written_placeholder_args(node, target._schema))
     return functional_writes - in_graph, in_graph
 
 
+@functools.cache  # per op: reading a schema's name is slow, and it never changes
 def _is_functionalized(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     return schema is not None and schema.name.endswith("_functional")
