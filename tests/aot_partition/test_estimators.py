@@ -128,3 +128,44 @@ def test_profile_times_on_cuda():
     assert mm.meta["val"].is_cuda
     ms = estimate_runtime(mm, "profile")
     assert 0.0 < ms < 100.0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_profile_under_fake_mode_times_real_tensors(device, monkeypatch):
+    # Inside torch.compile the partitioner runs under AOTAutograd's FakeTensorMode. Arguments
+    # made there were fake, and running the kernel on them read a null pointer: a segfault on
+    # CPU, an illegal memory access on CUDA. The op must see plain tensors and really run.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    inputs = tuple(torch.randn(*shape, device=device, requires_grad=True)
+                   for shape in ((64, 64), (64, 64), (64, 8)))
+    joint = joint_graph_of(mlp, *inputs)
+    mm = node_by_target(joint, torch.ops.aten.mm)[0]
+    seen: list[type] = []
+    real_mm = torch.ops.aten.mm.default
+
+    def spy(*args, **kwargs):
+        seen.extend(type(a) for a in args)
+        if all(type(a) is torch.Tensor for a in args):  # a fake one would crash the process
+            return real_mm(*args, **kwargs)
+        return None
+
+    monkeypatch.setattr(mm, "target", spy)
+    estimators.clear_runtime_cache()
+    with FakeTensorMode():
+        ms = estimate_runtime(mm, "profile")
+    estimators.clear_runtime_cache()
+    assert seen and set(seen) == {torch.Tensor}
+    assert ms > 0
+
+
+def test_real_tensor_check_names_the_fake_one():
+    from aot_partition._compat import check_real_tensors
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(2)
+    check_real_tensors(([torch.empty(2)], {"x": 1}), "profiling mm")
+    with pytest.raises(TypeError, match="^profiling mm: got a FakeTensor where a real tensor "
+                                        "is needed$"):
+        check_real_tensors(([torch.empty(2), fake], {}), "profiling mm")

@@ -217,3 +217,36 @@ def test_without_fake_storages_the_op_schema_finds_views(monkeypatch):
     by_schema = simulate_partition(view_fw, view_bw)
     assert by_schema.peak_bytes == with_storages.peak_bytes
     assert step(by_schema, "select").allocated == 0
+
+
+
+WORKSPACE_UNDER_FAKE_MODE = """
+import torch
+from aot_partition.memory import clear_workspace_cache, profiled_workspace
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+gm = make_fx(lambda x, w: torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1],
+                                                     False, [0, 0], 1),
+             tracing_mode="fake")(torch.randn(2, 8, 32, 32), torch.randn(16, 8, 3, 3))
+conv = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default)
+outside = profiled_workspace(conv)
+clear_workspace_cache()
+with FakeTensorMode():
+    inside = profiled_workspace(conv)
+print(outside, inside)
+"""
+
+
+def test_workspace_is_measured_on_real_tensors_under_fake_mode():
+    # Inside torch.compile a partitioner runs under FakeTensorMode: arguments made there were
+    # fake, and the kernel read a null pointer (a segfault, so: in a child process). Measured
+    # under fake mode, the workspace must equal the one measured outside it.
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", WORKSPACE_UNDER_FAKE_MODE],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    outside, inside = map(int, child.stdout.split())
+    assert inside == outside

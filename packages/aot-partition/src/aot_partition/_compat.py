@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -40,3 +41,28 @@ def make_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.
 
     Generating Python code for a 5,000-node graph takes ~0.1 s; Inductor never needs it."""
     return _make_graph_module(root, graph)
+
+
+@contextlib.contextmanager
+def real_kernels() -> Iterator[None]:
+    """Make real tensors and run real kernels, also where the caller traces.
+
+    Inside torch.compile the partitioner runs under AOTAutograd's FakeTensorMode: a tensor
+    made there is fake (no data), and a kernel run on it under ``no_dispatch`` alone reads a
+    null pointer (a segfault on CPU, an illegal memory access on CUDA that ends the process's
+    CUDA context). So the active modes are set aside, then Python dispatch is off."""
+    from torch.utils._mode_utils import no_dispatch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), no_dispatch():
+        yield
+
+
+def check_real_tensors(tree: Any, what: str) -> None:
+    """Raise TypeError naming the first tensor in ``tree`` that is not a plain torch.Tensor
+    (a fake or other subclass tensor has no data a kernel may read)."""
+    from torch.utils import _pytree as pytree
+
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor) and type(leaf) is not torch.Tensor:
+            raise TypeError(f"{what}: got a {type(leaf).__name__} where a real tensor is needed")

@@ -34,6 +34,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ._compat import check_real_tensors, real_kernels
 from .config import PartitionConfig
 from .roofline import is_matmul_like, roofline_seconds, settings_version
 from .sizes import size_hint
@@ -170,16 +171,14 @@ def _profile_ms(node: fx.Node) -> float:
 
 
 def _run_and_time(node: fx.Node, on_cuda: bool) -> float:
-    materialize = _materializer(None, fill=True)
-    args, kwargs = pytree.tree_map(materialize, (node.args, node.kwargs))
-    from torch.utils._mode_utils import no_dispatch
-
     op = cast(Callable[..., Any], node.target)
+    with real_kernels():  # the arguments too: made under torch.compile's fake mode, fake
+        args, kwargs = pytree.tree_map(_materializer(None, fill=True), (node.args, node.kwargs))
+        check_real_tensors((args, kwargs), f"profiling {node.name}")
 
-    def run() -> None:
-        op(*args, **kwargs)
+        def run() -> None:
+            op(*args, **kwargs)
 
-    with no_dispatch():
         if not on_cuda:
             return _wall_clock_ms(run)
         try:  # Triton is optional; importing it can fail in more ways than ImportError

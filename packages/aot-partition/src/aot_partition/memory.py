@@ -32,6 +32,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import py_sym_types
 
+from ._compat import check_real_tensors, real_kernels
 from .estimators import _signature
 from .joint import is_backward_state, is_bwd_seed_offset, is_tangent
 from .sizes import has_no_result, size_hint, tensor_nbytes
@@ -737,21 +738,22 @@ def clear_workspace_cache() -> None:
 
 
 def _measure_workspace(node: fx.Node) -> int:
-    from torch.utils._mode_utils import no_dispatch
-
     vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
     on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in pytree.tree_leaves(vals))
     device = torch.device("cuda") if on_cuda else torch.device("cpu")
-    args, kwargs = pytree.tree_map_only(
-        fx.Node, lambda a: example_value(a.meta.get("val"), device), (node.args, node.kwargs))
     op = cast(Callable[..., Any], node.target)
 
-    def run() -> Any:
-        return op(*args, **kwargs)
-
+    # real_kernels: called inside torch.compile, tensors made here would be fake.
     # fork_rng: a random op must not shift the user's generator.
-    with no_dispatch(), torch.no_grad(), torch.random.fork_rng(
+    with real_kernels(), torch.no_grad(), torch.random.fork_rng(
             devices=[torch.cuda.current_device()] if on_cuda else []):
+        args, kwargs = pytree.tree_map_only(
+            fx.Node, lambda a: example_value(a.meta.get("val"), device), (node.args, node.kwargs))
+        check_real_tensors((args, kwargs), f"measuring the workspace of {node.name}")
+
+        def run() -> Any:
+            return op(*args, **kwargs)
+
         run()  # warm-up: one-time allocations are not a workspace
         measured = _measure_cuda(run, device) if on_cuda else _measure_cpu_profiler(run, "cpu")
     return max(0, measured.peak_bytes - measured.end_bytes)
