@@ -9,7 +9,11 @@ Variants:
 - ``eager``;
 - ``inductor@B``: ``torch.compile(backend="inductor")`` with torch's
   ``activation_memory_budget`` B (1.0 and 0.5);
-- ``ours@B``: ``aot_pipeline.compile(memory_budget=B)`` (1.0, 0.5 and 0.2);
+- ``ours@B``: ``aot_pipeline.compile(memory_budget=B)`` (1.0, 0.5 and 0.2); ``B`` may also be
+  a size (``ours@1500MiB``, a cap on saved activation bytes). Partitioner flags follow after
+  ``+``: ``ours@0.3+est=roofline+solver=ilp_graph+peak=1800MiB`` patches
+  ``aot_config.functorch``'s runtime estimator, knapsack solver and simulated-peak cap
+  (``activation_memory_peak_bytes``) for the whole run;
 - ``aot_pipeline@B`` (not run by default; the warm restart uses it):
   ``torch.compile(backend="aot_pipeline", options={"memory_budget": B})``, which keeps
   Inductor's FX graph and AOTAutograd caches on;
@@ -58,6 +62,10 @@ VARIANTS = ("eager", "inductor@1.0", "inductor@0.5", "ours@1.0", "ours@0.5", "ou
 # (``aot_pipeline.compile`` keeps the FX graph cache off to see every partition).
 BACKEND_VARIANTS = ("aot_pipeline@1.0", "aot_pipeline@0.5")
 VALID_VARIANTS = VARIANTS + BACKEND_VARIANTS
+# ``ours@B+key=value``: what each key patches in ``aot_config.functorch``.
+OURS_FLAGS = {"est": "activation_memory_budget_runtime_estimator",
+              "solver": "activation_memory_budget_solver",
+              "peak": "activation_memory_peak_bytes"}
 WARM_RESTART_VARIANTS = ("inductor@1.0", "aot_pipeline@1.0")
 # Largest relative loss difference from eager still called agreement (bf16 on CUDA, fp32 on CPU).
 LOSS_RTOL = {"cuda": 2e-2, "cpu": 1e-3}
@@ -150,8 +158,13 @@ class Variant:
             self.call = torch.compile(module, backend="inductor")
         elif name.startswith("ours@"):
             import aot_pipeline
+            from aot_config import functorch as functorch_flags
 
-            self.call = aot_pipeline.compile(module, memory_budget=float(name.split("@")[1]))
+            budget, flags = parse_ours_variant(name)
+            # Read when each graph is partitioned (the backward's too): the loop runs inside.
+            self.patch = functorch_flags.patch(**flags)
+            self.call = aot_pipeline.compile(module, memory_budget=budget,
+                                             solver=flags.get(OURS_FLAGS["solver"], "dp"))
         elif name.startswith("aot_pipeline@"):
             import aot_pipeline  # noqa: F401 - registers the back end
 
@@ -182,6 +195,27 @@ class Variant:
             self.captures = lambda: int(compiled_autograd.counters()["captures"])
         else:
             raise SystemExit(f"unknown variant {name!r}; choose from {', '.join(VALID_VARIANTS)}")
+
+
+def parse_ours_variant(name: str) -> tuple[float | str, dict[str, Any]]:
+    """``ours@B+key=value...`` -> (memory budget, ``aot_config.functorch`` flags to patch)."""
+    from aot_pipeline.options import parse_memory_budget
+
+    head, *pairs = name.split("+")
+    budget_text = head.split("@", 1)[1]
+    fraction, nbytes = parse_memory_budget(budget_text)
+    flags: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in OURS_FLAGS:
+            raise ValueError(f"{pair!r} is not key=value with a key from "
+                             f"{', '.join(OURS_FLAGS)}")
+        flags[OURS_FLAGS[key]] = parse_memory_budget(value)[1] if key == "peak" else value
+    return (budget_text if nbytes is not None else fraction), flags
+
+
+def is_valid_variant(name: str) -> bool:
+    return name in VALID_VARIANTS or name.startswith("ours@")
 
 
 def run_variant(args: argparse.Namespace) -> dict[str, Any]:
@@ -297,6 +331,19 @@ def render(meta: dict, rows: list[dict], warm: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_outputs(args: argparse.Namespace, rows: list[dict], warm: list[dict]) -> str:
+    """Compare the losses, write the JSON and Markdown tables, return the Markdown."""
+    compare_losses(rows, LOSS_RTOL[args.device])
+    meta = metadata(args)
+    markdown = render(meta, rows, warm)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_train_bench.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows, "warm_restart": warm}, f, indent=2)
+    with open(os.path.join(args.out, "gpu_train_bench.md"), "w") as f:
+        f.write(markdown)
+    return markdown
+
+
 def progress(items: list, label: str) -> Iterator:
     try:
         from tqdm import tqdm
@@ -335,10 +382,19 @@ def main(argv: list[str] | None = None) -> None:
         return
     models = [m for m in args.models.split(",") if m]
     variants = [v for v in args.variants.split(",") if v]
-    for name, chosen, valid in (("model", models, MODELS), ("variant", variants, VALID_VARIANTS)):
-        unknown = sorted(set(chosen) - set(valid))
-        if unknown:
-            parser.error(f"unknown {name}s {unknown}; valid: {', '.join(valid)}")
+    unknown_models = sorted(set(models) - set(MODELS))
+    if unknown_models:
+        parser.error(f"unknown models {unknown_models}; valid: {', '.join(MODELS)}")
+    unknown = [v for v in variants if not is_valid_variant(v)]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; valid: {', '.join(VALID_VARIANTS)}, "
+                     "or ours@B+key=value...")
+    for variant in variants:
+        if variant.startswith("ours@"):
+            try:
+                parse_ours_variant(variant)
+            except ValueError as exc:
+                parser.error(f"variant {variant!r}: {exc}")
     rows, warm = [], []
     pairs = [(m, v) for m in models for v in variants]
     with tempfile.TemporaryDirectory(prefix="gpu-train-bench-") as scratch:
@@ -346,6 +402,7 @@ def main(argv: list[str] | None = None) -> None:
             cache_dir = os.path.join(scratch, f"{index}")
             row = run_child(args, model, variant, cache_dir)
             rows.append(row)
+            write_outputs(args, rows, warm)  # what ran so far survives an interrupted run
             if args.warm_restart and variant in WARM_RESTART_VARIANTS and "error" not in row:
                 again = [run_child(args, model, variant, cache_dir) for _ in range(args.warm_runs)]
                 seconds = [r["first_step_s"] for r in again if "error" not in r]
@@ -354,15 +411,7 @@ def main(argv: list[str] | None = None) -> None:
                                  "cold_first_step_s": row["first_step_s"],
                                  "warm_first_step_s": statistics.median(seconds),
                                  "warm_samples_s": seconds})
-    compare_losses(rows, LOSS_RTOL[args.device])
-    meta = metadata(args)
-    markdown = render(meta, rows, warm)
-    print(markdown)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_train_bench.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows, "warm_restart": warm}, f, indent=2)
-    with open(os.path.join(args.out, "gpu_train_bench.md"), "w") as f:
-        f.write(markdown)
+    print(write_outputs(args, rows, warm))
     failed = [r for r in rows if "error" in r or r.get("loss_agrees") is False]
     if failed:
         raise SystemExit(f"{len(failed)} runs failed or disagree with eager: "

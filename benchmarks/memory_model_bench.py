@@ -51,6 +51,13 @@ EXTRA: dict[str, dict[str, Any]] = {
     "gpt-32": {"name": "gpt", "layers": 32},
     "llama-8": {"name": "llama", "layers": 8},
 }
+# GPT-2 size (d 768, 12 layers, 12 heads, vocab 50304, seq 1024, batch 8, SDPA), as in
+# gpu_train_bench.py: in the default list only on CUDA (gigabytes of activations).
+GPU_EXTRA: dict[str, dict[str, Any]] = {
+    "gpt2-size": {"name": "gpt", "vocab": 50304, "dim": 768, "heads": 12, "layers": 12,
+                  "seq": 1024, "sdpa": True, "batch": 8},
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 SMOKE = ("mlp", "gpt")
 CUDA_ALIGNMENT = 512  # the caching allocator rounds every block up to 512 bytes
 
@@ -80,18 +87,22 @@ class Row:
     measure_s: float
 
 
-def _model(label: str, device: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def _model(label: str, device: str,
+           dtype: torch.dtype) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+
     if label in ZOO:
         case = ZOO[label]()
-        return case.module.to(device), tuple(t.to(device) for t in case.inputs)
-    spec = dict(EXTRA[label])
+        return case.module.to(device=device, dtype=dtype), tuple(map(cast, case.inputs))
+    spec = dict({**EXTRA, **GPU_EXTRA}[label])
     built = build_model(spec.pop("name"), device=device, **spec)
-    return built.module, built.make_inputs()
+    return built.module.to(dtype), tuple(map(cast, built.make_inputs()))
 
 
-def capture(label: str, device: str) -> Joint:
+def capture(label: str, device: str, dtype: torch.dtype = torch.float32) -> Joint:
     """The model's joint graph, as AOTAutograd hands it to a partitioner."""
-    module, inputs = _model(label, device)
+    module, inputs = _model(label, device, dtype)
     record: dict[str, Joint] = {}
     static = len(list(module.parameters())) + len(list(module.buffers()))
 
@@ -141,7 +152,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "## Memory model: simulated vs measured peak of one training step",
         "",
         f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}; device "
-        f"{meta['device']}. Peaks in bytes above the step's inputs; error = (simulated - "
+        f"{meta['device']}, {meta['dtype']}. Peaks in bytes above the step's inputs; error = (simulated - "
         "measured) / measured.",
         "",
         "| model | nodes | budget | saved bytes | simulated (fx) | simulated (+workspace) | "
@@ -172,13 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="two tiny models, budget 0.5")
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", default=",".join([*ZOO, *EXTRA]),
-                        help=f"comma-separated subset of {', '.join([*ZOO, *EXTRA])}")
+    known = [*ZOO, *EXTRA, *GPU_EXTRA]
+    parser.add_argument("--models", help=f"comma-separated subset of {', '.join(known)} "
+                        f"(default: all; {', '.join(GPU_EXTRA)} only on CUDA)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    labels = list(SMOKE) if args.smoke else [m for m in args.models.split(",") if m]
+    default = [*ZOO, *EXTRA, *(GPU_EXTRA if args.device.startswith("cuda") else ())]
+    labels = list(SMOKE) if args.smoke else [m for m in (args.models or ",".join(default))
+                                             .split(",") if m]
     budgets = (0.5,) if args.smoke else BUDGETS
-    unknown = set(labels) - set(ZOO) - set(EXTRA)
+    unknown = set(labels) - set(known)
     if unknown:
         parser.error(f"unknown models: {', '.join(sorted(unknown))}")
     jobs = [(label, b) for label in labels for b in budgets]
@@ -186,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for label, budget in _progress(jobs, "memory model"):
         if label not in joints:
-            joints[label] = capture(label, args.device)
+            joints[label] = capture(label, args.device, DTYPES[args.dtype])
         png = args.out if budget == budgets[0] else None
         rows.append(run_case(joints[label], budget, args.device, png))
     meta = {
@@ -194,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"{torch.get_num_threads()}",
         "torch": torch.__version__,
         "device": args.device,
+        "dtype": args.dtype,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     report = markdown(rows, meta)

@@ -36,7 +36,36 @@ def test_tiny_cpu_run_writes_one_table_with_losses_and_captures(tmp_path):
 
 def test_unknown_variant_is_refused_before_any_run(tmp_path):
     script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
-    done = subprocess.run([sys.executable, script, "--variants", "ours@0.3", "--out",
+    done = subprocess.run([sys.executable, script, "--variants", "theirs@0.3", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 2
-    assert "unknown variants ['ours@0.3']; valid: eager, inductor@1.0" in done.stderr
+    assert "unknown variants ['theirs@0.3']; valid: eager, inductor@1.0" in done.stderr
+
+
+@pytest.mark.parametrize(("variant", "message"), [
+    ("ours@0.3+foo=1", "variant 'ours@0.3+foo=1': 'foo=1' is not key=value with a key from "
+                       "est, solver, peak"),
+    ("ours@1.3", "variant 'ours@1.3': memory_budget must be in [0, 1]"),
+    ("ours@0.5+peak=lots", "variant 'ours@0.5+peak=lots': cannot read 'lots' as a size"),
+])
+def test_bad_partitioner_flags_are_refused_before_any_run(tmp_path, variant, message):
+    script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
+    done = subprocess.run([sys.executable, script, "--variants", variant, "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2
+    assert message in done.stderr
+
+
+def test_ours_variant_names_budget_and_flags():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import gpu_train_bench
+    finally:
+        sys.path.pop(0)
+    parse = gpu_train_bench.parse_ours_variant
+    assert parse("ours@0.4") == (0.4, {})
+    assert parse("ours@0.4+est=roofline+solver=ilp_graph") == (0.4, {
+        "activation_memory_budget_runtime_estimator": "roofline",
+        "activation_memory_budget_solver": "ilp_graph"})
+    assert parse("ours@1.0+peak=6GB") == (1.0, {"activation_memory_peak_bytes": 6 * 10**9})
+    assert parse("ours@300MiB") == ("300MiB", {})
