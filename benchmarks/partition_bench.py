@@ -166,8 +166,12 @@ def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: s
             fw, bw = torch_min_cut_partition(module, joint.inputs,
                                              num_fwd_outputs=joint.num_fwd_outputs)
     else:
+        # torch's estimator ("flops"; ours defaults to "roofline"): the same decisions, so
+        # the times compare the same work.
         with functorch_config.patch(activation_memory_budget=budget,
-                                    activation_memory_budget_solver=solver):
+                                    activation_memory_budget_solver=solver,
+                                    activation_memory_budget_runtime_estimator=(
+                                        torch_config.activation_memory_budget_runtime_estimator)):
             start = time.perf_counter()
             fw, bw = min_cut_rematerialization_partition(
                 module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)

@@ -45,8 +45,9 @@ def test_convnet_below_budget_one_where_torch_fails(aot_with):
             assert_matches_eager(make_case("convnet"), aot_with(min_cut_rematerialization_partition))
 
 
-def saved_bytes(joint, budget, solver="dp"):
-    with functorch_config.patch(activation_memory_budget_solver=solver):
+def saved_bytes(joint, budget, solver="dp", estimator="roofline"):
+    with functorch_config.patch(activation_memory_budget_solver=solver,
+                                activation_memory_budget_runtime_estimator=estimator):
         fw, _, _ = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
                                          memory_budget=budget)
     return saved_activation_bytes(fw, joint.num_fwd_outputs)
@@ -76,9 +77,11 @@ def test_saved_bytes_never_grow_as_budget_falls(name, solver, capture):
 
 
 def test_dp_budget_saves_no_more_than_torch(capture):
+    # Under torch's estimator ("flops"). Ours defaults to "roofline", which weighs recompute
+    # by memory traffic and may keep other (more) bytes at the same fraction.
     joint = joint_of("gpt", capture)
     for budget in (1.0, 0.5, 0.2):
-        assert saved_bytes(joint, budget) <= torch_saved_bytes(joint, budget), budget
+        assert saved_bytes(joint, budget, estimator="flops") <= torch_saved_bytes(joint, budget)
 
 
 def test_budget_zero_saves_least(capture):
@@ -177,7 +180,9 @@ def recompute_flops(joint, budget, solver):
         return sum(f for n in gm.graph.nodes if n.op == "call_function"
                    for f in [count_flops(n)] if f > 1)
 
-    with functorch_config.patch(activation_memory_budget_solver=solver):
+    # The flops estimator: the solvers then minimize what this test measures.
+    with functorch_config.patch(activation_memory_budget_solver=solver,
+                                activation_memory_budget_runtime_estimator="flops"):
         fw, bw, _ = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
                                           memory_budget=budget)
     return (saved_activation_bytes(fw, joint.num_fwd_outputs),

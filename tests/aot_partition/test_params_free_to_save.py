@@ -90,8 +90,10 @@ def _activation_bytes(fw: torch.fx.GraphModule, num_fwd_outputs: int, static: li
 
 
 def _ours(joint, inputs, outputs, static: list[int], free: bool) -> int:
+    # torch's estimator ("flops"; ours defaults to "roofline"): compared with torch's answer.
     with functorch_config.patch(activation_memory_budget=0.5,
-                                treat_parameters_as_free_to_save=free):
+                                treat_parameters_as_free_to_save=free,
+                                activation_memory_budget_runtime_estimator="flops"):
         fw, _ = min_cut_rematerialization_partition(
             copy.deepcopy(joint), inputs, num_fwd_outputs=outputs,
             static_lifetime_input_indices=static)

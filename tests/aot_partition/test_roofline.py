@@ -213,3 +213,30 @@ def test_roofline_budget_matches_eager(name, solver, aot_with):
                                 activation_memory_budget_solver=solver,
                                 activation_memory_budget_runtime_estimator="roofline"):
         assert_matches_eager(make_case(name), aot_with(min_cut_rematerialization_partition))
+
+
+def test_default_estimator_is_roofline_and_only_matters_below_budget_one(capture):
+    from aot_partition.config import PartitionConfig
+    from aot_partition.partitioners import partition_with_report
+
+    assert functorch_config.activation_memory_budget_runtime_estimator == "roofline"
+    assert PartitionConfig().runtime_estimator == "roofline"
+    case = make_case("gpt")
+    joint = capture(case.module, *case.inputs)
+
+    def partition(budget, estimator):
+        with functorch_config.patch(activation_memory_budget_runtime_estimator=estimator):
+            fw, bw, report = partition_with_report(
+                joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs, memory_budget=budget)
+        seconds = sum(estimate_runtime(n, "roofline") for g in (fw.graph, bw.graph)
+                      for n in g.nodes if n.op == "call_function")
+        return [d.name for d in report.saved], seconds
+
+    # At 1.0 there is no knapsack: the estimator must not change the cut.
+    assert partition(1.0, "roofline") == partition(1.0, "flops")
+    # At 0.5 it must: "flops" calls pointwise recompute free; "roofline" pays its traffic, so
+    # its step is cheaper by the roofline estimate.
+    (saved_roofline, roofline_s), (saved_flops, flops_s) = (partition(0.5, "roofline"),
+                                                            partition(0.5, "flops"))
+    assert saved_roofline != saved_flops
+    assert roofline_s < flops_s

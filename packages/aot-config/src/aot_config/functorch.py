@@ -140,10 +140,10 @@ activation_memory_peak_bytes: int | None = flag(
 )
 
 activation_memory_budget_runtime_estimator: str = flag(
-    "flops",
+    "roofline",
     choices=("flops", "roofline", "profile", "testing"),
-    doc="Op runtime estimate for the budget: FLOPs, roofline (FLOPs and bytes moved), "
-        "benchmarking, or 1 per op ('testing').",
+    doc="Op runtime estimate for the budget: roofline (FLOPs and bytes moved; ours), FLOPs "
+        "(torch's default), benchmarking, or 1 per op ('testing').",
 )
 
 activation_memory_budget_solver: str = flag(

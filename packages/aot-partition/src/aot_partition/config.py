@@ -80,7 +80,7 @@ class PartitionConfig:
     memory_budget_bytes: int | None = None
     peak_bytes: int | None = None
     budget_solver: str = "dp"
-    runtime_estimator: str = "flops"
+    runtime_estimator: str = "roofline"
     debug: bool = False
     visualize_pareto: bool = False
     graph_format: str = "svg"
