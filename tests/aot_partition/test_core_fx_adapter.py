@@ -1,8 +1,9 @@
 """The fx path is one adapter onto the graph-agnostic core, and decides what it decided before.
 
 ``data/core_golden.json`` holds the saved nodes, saved bytes and bans of every zoo model at
-budgets 1.0 / 0.5 / 0.0 as the code of git rev 4bf4f02 (before the core) decided them; see
-``data/make_core_golden.py`` for how it was made and how to regenerate it.
+budgets 1.0 / 0.5 / 0.0 as the code of git rev 4bf4f02 (before the core) decided them, with the
+tie-break between equal cuts made networkx's (torch's) in issue 16 (the same bytes, other
+nodes); see ``data/make_core_golden.py`` for how it was made and how to regenerate it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ The committed file was generated with the code of git rev 4bf4f02 (before issue 
         uv run python tests/aot_partition/data/make_core_golden.py
     git worktree remove /tmp/aot-4bf4f02
 
+Regenerated from the current code after issue 16 made scipy's max-flow return networkx's cut
+where cuts tie (the largest source side, as torch's partitioner gets it): at budget 1.0 the
+saved nodes became torch's on the convnet, dropout and gpt models. The decisions are recorded
+under torch's runtime estimator ("flops"; ours defaults to "roofline" since issue 16).
+
 Run it without the PYTHONPATH to regenerate from the current code (only when a decision change
 is intended; say so in the commit). ``CORE_GOLDEN_OUT=/tmp/x.json`` writes elsewhere, to diff.
 """
@@ -30,6 +35,7 @@ sys.path.insert(0, str(HERE.parent))                 # tests/aot_partition (conf
 
 import aot_partition  # noqa: E402
 import torch  # noqa: E402
+from aot_config import functorch as functorch_config  # noqa: E402
 from aot_partition.partitioners import partition_with_report  # noqa: E402
 from conftest import capture_joint  # noqa: E402
 from zoo import ZOO, make_case  # noqa: E402
@@ -48,8 +54,9 @@ def decisions(name: str) -> dict[str, Any]:
     joint = capture_joint(case.module, *case_inputs(case))
     found = {}
     for budget in BUDGETS:
-        _, _, report = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
-                                             memory_budget=budget)
+        with functorch_config.patch(activation_memory_budget_runtime_estimator="flops"):
+            _, _, report = partition_with_report(
+                joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs, memory_budget=budget)
         found[str(budget)] = {
             "saved": [d.name for d in report.saved],
             "saved_bytes": report.saved_bytes,

@@ -35,7 +35,7 @@ class FlowNetwork:
 @dataclass(frozen=True)
 class MinCut:
     value: float              # total capacity of cut edges (inf if infeasible)
-    source_side: np.ndarray   # bool [num_nodes], True = reachable from source in residual graph
+    source_side: np.ndarray   # bool [num_nodes], True = cannot reach the sink in the residual graph
 
     def cut_edges(self, network: FlowNetwork) -> np.ndarray:
         """Indices of edges from the source side to the sink side."""

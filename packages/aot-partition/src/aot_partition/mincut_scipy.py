@@ -1,9 +1,11 @@
 """Min-cut on arrays with ``scipy.sparse.csgraph.maximum_flow`` (the "scipy" solver).
 
-scipy's max-flow works on int32 capacities, so finite capacities are scaled until their sum is
-``FINITE_CAPACITY_TOTAL`` and rounded (monotone, so the order of capacities is kept; a positive
+scipy's max-flow works on int32 capacities. Whole-number capacities whose sum fits in
+``FINITE_CAPACITY_TOTAL`` are used as they are (exact: the same cut as networkx's); otherwise
+finite capacities are scaled until their sum is ``FINITE_CAPACITY_TOTAL`` and rounded (monotone, so the order of capacities is kept; a positive
 capacity never rounds to 0); infinite ones become ``INFINITE_CAPACITY``, larger than every finite
-cut. The source side is read off the residual graph by a breadth-first search, and the cut value
+cut. The sink side is read off the residual graph by a breadth-first search from the sink (every
+node that can still reach it), the source side is the rest, and the cut value
 is reported in the network's original units from the original capacities of the cut edges.
 """
 
@@ -43,7 +45,11 @@ def _scale(capacities: np.ndarray, infinite: np.ndarray) -> np.ndarray:
     finite = capacities[~infinite]
     total = float(finite.sum()) if finite.size else 0.0
     scaled = np.zeros(capacities.size, dtype=np.int64)
-    if total > 0:
+    if 0 < total <= FINITE_CAPACITY_TOTAL and np.array_equal(finite, np.floor(finite)):
+        # Whole numbers (bytes, as the network builder makes them) that fit: exact, so a tie
+        # between cuts stays a tie and the minimal source side is the one networkx finds.
+        scaled[~infinite] = finite.astype(np.int64)
+    elif total > 0:
         factor = FINITE_CAPACITY_TOTAL / total
         rounded = np.floor(finite * factor + 0.5).astype(np.int64)
         # Tiny positive capacities must stay positive: 0 would make cutting them free.
@@ -87,8 +93,12 @@ def scipy_min_cut(network: FlowNetwork) -> MinCut:
     # Residual capacity: capacity - flow on forward edges, plus flow on reverse edges.
     residual = (graph.astype(np.int64) - flow.astype(np.int64)).tocoo()
     open_edges = residual.data > 0
-    source_side = _reachable(n, residual.row[open_edges].astype(np.int64),
-                             residual.col[open_edges].astype(np.int64), source)
+    # The sink side is every node that can still reach the sink (a search from the sink over
+    # reversed residual edges); the source side is the rest. Where several cuts tie, that is
+    # the largest source side, the one networkx's minimum_cut (and so torch) returns.
+    sink_side = _reachable(n, residual.col[open_edges].astype(np.int64),
+                           residual.row[open_edges].astype(np.int64), sink)
+    source_side = ~sink_side
 
     crossing = source_side[tails] & ~source_side[heads]
     value = float(capacities[crossing].sum()) if crossing.any() else 0.0
