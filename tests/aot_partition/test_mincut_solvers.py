@@ -44,6 +44,27 @@ def test_scipy_matches_networkx_on_random_networks(seed):
         return
     assert got.value == pytest.approx(cut_value(network, got.source_side))
     assert got.value == pytest.approx(reference.value, abs=quantization_slack(network))
+    finite = network.capacities[np.isfinite(network.capacities)]
+    if finite.sum() <= FINITE_CAPACITY_TOTAL:  # whole numbers that fit: exact, networkx's cut
+        assert got.value == reference.value
+        assert got.source_side.tolist() == reference.source_side.tolist()
+
+
+def test_tied_cuts_give_networkx_s_largest_source_side():
+    # s -> a -> t, both edges 1: cutting either costs 1. networkx (torch's solver) puts a on
+    # the source side (the backward reads the value nearest to it); so must scipy.
+    network = FlowNetwork(3, 0, 2, np.array([0, 1]), np.array([1, 2]), np.array([1.0, 1.0]),
+                          ["s", "a", "t"])
+    assert networkx_min_cut(network).source_side.tolist() == [True, True, False]
+    assert scipy_min_cut(network).source_side.tolist() == [True, True, False]
+
+
+def test_without_a_tie_the_cheaper_edge_is_cut():
+    # The opposite case: no tie, so the side follows the capacities, not the tie-break.
+    network = FlowNetwork(3, 0, 2, np.array([0, 1]), np.array([1, 2]), np.array([1.0, 5.0]),
+                          ["s", "a", "t"])
+    cut = scipy_min_cut(network)
+    assert cut.source_side.tolist() == [True, False, False] and cut.value == 1.0
 
 
 def test_scipy_is_registered_under_its_flag_name():
