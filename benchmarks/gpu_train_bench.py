@@ -199,7 +199,7 @@ class Variant:
 
 def parse_ours_variant(name: str) -> tuple[float | str, dict[str, Any]]:
     """``ours@B+key=value...`` -> (memory budget, ``aot_config.functorch`` flags to patch)."""
-    from aot_pipeline.options import parse_memory_budget
+    from aot_pipeline.options import parse_byte_size, parse_memory_budget
 
     head, *pairs = name.split("+")
     budget_text = head.split("@", 1)[1]
@@ -210,7 +210,7 @@ def parse_ours_variant(name: str) -> tuple[float | str, dict[str, Any]]:
         if not sep or key not in OURS_FLAGS:
             raise ValueError(f"{pair!r} is not key=value with a key from "
                              f"{', '.join(OURS_FLAGS)}")
-        flags[OURS_FLAGS[key]] = parse_memory_budget(value)[1] if key == "peak" else value
+        flags[OURS_FLAGS[key]] = parse_byte_size(value) if key == "peak" else value
     return (budget_text if nbytes is not None else fraction), flags
 
 
