@@ -152,8 +152,8 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "## Memory model: simulated vs measured peak of one training step",
         "",
         f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}; device "
-        f"{meta['device']}, {meta['dtype']}. Peaks in bytes above the step's inputs; error = (simulated - "
-        "measured) / measured.",
+        f"{meta['device']}, {meta['dtype']}. Peaks in bytes above the step's inputs; "
+        "error = (simulated - measured) / measured.",
         "",
         "| model | nodes | budget | saved bytes | simulated (fx) | simulated (+workspace) | "
         "measured | error fx % | error +ws % | peak at | simulate s |",

@@ -45,7 +45,9 @@ def test_convnet_below_budget_one_where_torch_fails(aot_with):
             assert_matches_eager(make_case("convnet"), aot_with(min_cut_rematerialization_partition))
 
 
-def saved_bytes(joint, budget, solver="dp", estimator="roofline"):
+def saved_bytes(joint, budget, solver="dp", estimator=None):
+    """Saved activation bytes under ``solver`` and ``estimator`` (None: the flag's default)."""
+    estimator = estimator or functorch_config.activation_memory_budget_runtime_estimator
     with functorch_config.patch(activation_memory_budget_solver=solver,
                                 activation_memory_budget_runtime_estimator=estimator):
         fw, _, _ = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,

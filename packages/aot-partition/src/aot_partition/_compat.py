@@ -1,4 +1,5 @@
-"""Differences between the supported torch releases (2.11 to 2.15), kept in one place."""
+"""Differences between the supported torch releases (2.11 to 2.15), and the private torch
+utilities we lean on, kept in one place."""
 
 from __future__ import annotations
 

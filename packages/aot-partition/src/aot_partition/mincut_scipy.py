@@ -1,12 +1,13 @@
 """Min-cut on arrays with ``scipy.sparse.csgraph.maximum_flow`` (the "scipy" solver).
 
 scipy's max-flow works on int32 capacities. Whole-number capacities whose sum fits in
-``FINITE_CAPACITY_TOTAL`` are used as they are (exact: the same cut as networkx's); otherwise
-finite capacities are scaled until their sum is ``FINITE_CAPACITY_TOTAL`` and rounded (monotone, so the order of capacities is kept; a positive
-capacity never rounds to 0); infinite ones become ``INFINITE_CAPACITY``, larger than every finite
-cut. The sink side is read off the residual graph by a breadth-first search from the sink (every
-node that can still reach it), the source side is the rest, and the cut value
-is reported in the network's original units from the original capacities of the cut edges.
+``FINITE_CAPACITY_TOTAL`` are used as they are (exact, so tied cuts stay tied); otherwise finite
+capacities are scaled until their sum is ``FINITE_CAPACITY_TOTAL`` and rounded (monotone, so the
+order of capacities is kept; a positive capacity never rounds to 0); infinite ones become
+``INFINITE_CAPACITY``, larger than every finite cut. The sink side is read off the residual graph
+by a breadth-first search from the sink (every node that can still reach it), the source side is
+the rest (among tied cuts, the largest source side: networkx's), and the cut value is reported in
+the network's original units from the original capacities of the cut edges.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _scale(capacities: np.ndarray, infinite: np.ndarray) -> np.ndarray:
     scaled = np.zeros(capacities.size, dtype=np.int64)
     if 0 < total <= FINITE_CAPACITY_TOTAL and np.array_equal(finite, np.floor(finite)):
         # Whole numbers (bytes, as the network builder makes them) that fit: exact, so a tie
-        # between cuts stays a tie and the minimal source side is the one networkx finds.
+        # between cuts stays a tie for the tie-break below (networkx's cut).
         scaled[~infinite] = finite.astype(np.int64)
     elif total > 0:
         factor = FINITE_CAPACITY_TOTAL / total
