@@ -143,8 +143,9 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("knapsack", "estimators", "roofline", "ilp_graph", "memory"),
     # the memory-budget search
     ("budget",),
-    # budgets in bytes: the fixed candidate cuts and the caps that choose among them
-    ("caps",),
+    # budgets in bytes: the fixed candidate cuts and the caps that choose among them; a
+    # fraction's check against the reference estimator's cut
+    ("caps", "reference"),
     # data only: the partition report; pictures
     ("report", "draw", "memory_plot"),
     # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)

@@ -39,9 +39,11 @@ FUNCTORCH_SEED = {
 }
 # treat_parameters_as_free_to_save: True as in torch 2.13 (the seed had False); the byte budgets
 # are ours (issue 16), and so is the roofline estimator as the default (the seed's "flops" calls
-# pointwise ops free: 10% slower steps than torch's at budget 0.5 on an H100, issue 16).
+# pointwise ops free: 10% slower steps than torch's at budget 0.5 on an H100, issue 16), with
+# the check that a fraction's cut is no worse than the "flops" one.
 FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save": True,
                     "activation_memory_budget_runtime_estimator": "roofline",
+                    "activation_memory_budget_reference_estimator": "flops",
                     "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None}
 
 # torch/_dynamo/config.py (seed 001), without the values that depend on the machine.

@@ -55,3 +55,26 @@ def test_memory_tradeoff_smoke_scores_both_partitioners_in_bytes(tmp_path):
     caps = [p for p in points if p["partitioner"] == "ours:peak"]
     assert caps and all(p["simulated_peak"] <= int(p["budget"]) for p in caps)
     assert (tmp_path / "memory_tradeoff_gpt-1.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_memory_tradeoff_counts_random_ops_torch_draws_again(capture):
+    """The bench labels torch's answers that redraw dropout in the backward (wrong gradients,
+    issue 12); ours replays the forward's RNG state, which does not count."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import memory_tradeoff_bench as bench
+        from partition_bench import Joint
+    finally:
+        sys.path.pop(0)
+    from zoo import make_case
+
+    case = make_case("dropout")
+    captured = capture(case.module, *case.inputs)
+    joint = Joint("dropout", captured.module, captured.inputs, captured.num_fwd_outputs)
+    static = [0, 1, 2, 3]  # the two layers' weights and biases lead the primals
+    redrawn = {}
+    for who in ("torch", "ours"):
+        fw, bw = bench.partition(joint, who, static, fraction=0.0)
+        redrawn[who] = bench.score(joint, who, "0", fw, bw, static).redrawn_random_ops
+    assert redrawn["torch"] > 0
+    assert redrawn["ours"] == 0

@@ -117,6 +117,8 @@ def test_no_simulation_without_a_peak_cap(gpt, monkeypatch):
         raise AssertionError("simulated without a peak cap")
 
     monkeypatch.setattr(memory, "simulate_partition", forbidden)
+    # The fraction's reference check simulates (test_reference_check.py); it is off here.
+    monkeypatch.setattr(functorch_config, "activation_memory_budget_reference_estimator", None)
     full = partition_with_report(gpt.fresh(), num_fwd_outputs=gpt.num_fwd_outputs)[2]
     partition_with_report(gpt.fresh(), num_fwd_outputs=gpt.num_fwd_outputs, memory_budget=0.5)
     partition_with_report(gpt.fresh(), num_fwd_outputs=gpt.num_fwd_outputs,

@@ -146,6 +146,14 @@ activation_memory_budget_runtime_estimator: str = flag(
         "(torch's default), benchmarking, or 1 per op ('testing').",
 )
 
+activation_memory_budget_reference_estimator: str | None = flag(
+    "flops",
+    type=str | None,
+    choices=(None, "flops", "roofline", "profile", "testing"),
+    doc="At a fraction between 0 and 1, also make this estimator's cut and keep ours only if it "
+        "is no worse on simulated peak and estimated step time (ours); None = no check.",
+)
+
 activation_memory_budget_solver: str = flag(
     "dp",
     choices=("dp", "greedy", "ilp", "ilp_graph", "dp_graph"),

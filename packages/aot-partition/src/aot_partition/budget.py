@@ -150,6 +150,10 @@ class BudgetSearch:
     # The byte budget's candidate cuts (``caps.cut_candidates``: ``caps.CutCandidate``s),
     # built on first use.
     cut_candidates_cache: list[Any] | None = field(default=None, repr=False)
+    # The "ilp_graph" solver's time limit (None: ILP_GRAPH_TIME_LIMIT_S) and whether an answer
+    # HiGHS did not prove optimal is dropped for the "dp" one (deterministic answers).
+    ilp_time_limit_s: float | None = None
+    ilp_optimal_only: bool = False
 
     def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
               ) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -181,6 +185,23 @@ class BudgetSearch:
         search.min_bytes = _activation_bytes(node_info.inputs)
         search.max_bytes = _activation_bytes(runtime_optimal)
         return search
+
+    def with_estimator(self, estimator: str) -> BudgetSearch:
+        """This search under another runtime estimator: the same cuts, bans and knapsack items
+        (none depends on the estimator), the items' runtimes estimated again. Shares this
+        search's network memo and its record of cuts, so the report can explain either's."""
+        estimator = check_estimator(estimator)
+        if estimator == self.estimator:
+            return self
+        if self.has_range:  # without a range no budget makes a cut beyond the optimal one
+            self._escalate()
+        return replace(self, estimator=estimator,
+                       runtimes=[estimate_runtime(n, estimator) for n in self.candidates],
+                       cut_candidates_cache=None)
+
+    def ilp_size(self) -> int:
+        """The number of forward nodes the "ilp_graph" solver's MILP would have."""
+        return len(_ilp_forward_nodes(self))
 
     @property
     def has_range(self) -> bool:
@@ -251,7 +272,9 @@ class BudgetSearch:
             reference, reference_runtime = self._escalation_or_knapsack(memory_budget, "dp")
             found = ilp_graph_saved_values(self, memory_budget,
                                            max_bytes=_activation_bytes(reference),
-                                           reference=reference)
+                                           reference=reference,
+                                           time_limit_s=self.ilp_time_limit_s,
+                                           optimal_only=self.ilp_optimal_only)
             return found if found is not None else (reference, reference_runtime)
         return self._escalation_or_knapsack(memory_budget, self.solver)
 
@@ -333,15 +356,17 @@ def _ilp_savable(node: fx.Node) -> bool:
 
 def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
                            max_bytes: float | None = None,
-                           reference: Sequence[fx.Node] | None = None
+                           reference: Sequence[fx.Node] | None = None,
+                           time_limit_s: float | None = None, optimal_only: bool = False
                            ) -> tuple[list[fx.Node], float] | None:
     """The "ilp_graph" answer: (saved values in graph order, estimated recompute runtime).
 
     Describes the forward graph as arrays for ``ilp_graph.solve_save_or_recompute`` and reads
     its answer back. ``max_bytes`` caps the saved bytes further (the "dp" answer's);
     ``reference`` (the "dp" answer's saved values) competes with the MILP's answer. None when
-    the reference is no worse, or HiGHS finds no feasible answer in time: the caller then uses
-    the "dp" answer.
+    the reference is no worse, or HiGHS finds no feasible answer in time (or, with
+    ``optimal_only``, none it proved optimal): the caller then uses the "dp" answer.
+    ``time_limit_s``: HiGHS's limit (default ``ILP_GRAPH_TIME_LIMIT_S``).
     """
     info = search.node_info
     forward = _ilp_forward_nodes(search)
@@ -375,7 +400,11 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
         kept = set(reference)
         baseline = evaluate(problem, np.array([node in kept for node in forward], dtype=bool),
                             np.array([node in kept for node in graph_inputs], dtype=bool))
-    answer = solve_save_or_recompute(problem, reference=baseline)
+    answer = solve_save_or_recompute(problem, reference=baseline, time_limit_s=time_limit_s)
+    if answer is not None and optimal_only and answer.time_limited:
+        log.info("ilp_graph: at budget %.3f the dp answer is used (no proven optimum in time)",
+                 memory_budget)
+        return None
     if answer is None or answer.source == "reference":
         log.info("ilp_graph: at budget %.3f the dp answer is used (%s)", memory_budget,
                  "no MILP answer" if answer is None else "no worse than the MILP's")

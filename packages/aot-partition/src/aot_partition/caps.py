@@ -52,6 +52,7 @@ __all__ = [
     "finish_cut",
     "peak_cap",
     "recompute_estimate",
+    "step_estimate",
     "validate_memory_budget_bytes",
     "validate_peak_bytes",
     "within_bytes",
@@ -296,6 +297,7 @@ class CutMeasure:
     peak_bytes: int                          # the absolute simulated peak (inputs included)
     baseline_bytes: int                      # of which, forward inputs alive before the step
     recompute_runtime: float | None = None   # see recompute_estimate; None without estimator
+    step_runtime: float | None = None        # see step_estimate; None without estimator
 
 
 def recompute_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None) -> float:
@@ -305,6 +307,13 @@ def recompute_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None)
     forward = {n.name for n in fw.nodes if n.op == "call_function"}
     return float(sum(estimate_runtime(n, estimator) for n in bw.nodes
                      if n.op == "call_function" and n.name in forward))
+
+
+def step_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None) -> float:
+    """The estimated runtime of one forward+backward step: the estimates (``estimator``) of
+    every call in both graphs, before the RNG replay (a replayed random op counts as itself)."""
+    return float(sum(estimate_runtime(n, estimator) for graph in (fw, bw) for n in graph.nodes
+                     if n.op == "call_function"))
 
 
 @dataclass
@@ -317,7 +326,8 @@ class SimulatedPeak:
     kernel workspace). The graphs are the partition's own (``extract_cut`` + ``finish_cut``).
     ``static_input_indices`` label parameters (they are resident either way). Results are
     cached by saved set, so one search measures each cut once; ``estimator`` also estimates
-    each cut's recompute runtime (``recompute_estimate``, the Pareto sweep's y).
+    each cut's recompute runtime (``recompute_estimate``, the Pareto sweep's y) and its step
+    runtime (``step_estimate``, what reference.py compares).
     """
 
     joint_module: fx.GraphModule
@@ -344,11 +354,13 @@ class SimulatedPeak:
 
     def _measure(self, saved: Sequence[fx.Node]) -> CutMeasure:
         cut = extract_cut(self.joint_module, saved, num_fwd_outputs=self.num_fwd_outputs)
-        recompute = (None if self.estimator is None
-                     else recompute_estimate(cut.fw, cut.bw, self.estimator))
+        recompute = step = None
+        if self.estimator is not None:
+            recompute = recompute_estimate(cut.fw, cut.bw, self.estimator)
+            step = step_estimate(cut.fw, cut.bw, self.estimator)
         finish_cut(cut)
         timeline = memory.simulate_partition(cut.fw, cut.bw,
                                              static_input_indices=self.static_input_indices)
         log.debug("simulated peak %d bytes (%d before the step) for %d saved values",
                   timeline.peak_bytes, timeline.baseline_bytes, len(cut.saved_values))
-        return CutMeasure(timeline.peak_bytes, timeline.baseline_bytes, recompute)
+        return CutMeasure(timeline.peak_bytes, timeline.baseline_bytes, recompute, step)

@@ -60,6 +60,7 @@ _FLAG_OF_FIELD = {
     "peak_bytes": "activation_memory_peak_bytes",
     "budget_solver": "activation_memory_budget_solver",
     "runtime_estimator": "activation_memory_budget_runtime_estimator",
+    "reference_estimator": "activation_memory_budget_reference_estimator",
     "debug": "debug_partitioner",
     "visualize_pareto": "visualize_memory_budget_pareto",
     "graph_format": "torch_compile_graph_format",
@@ -81,6 +82,8 @@ class PartitionConfig:
     peak_bytes: int | None = None
     budget_solver: str = "dp"
     runtime_estimator: str = "roofline"
+    # A fraction budget's cut must be no worse than this estimator's (reference.py); None: off.
+    reference_estimator: str | None = "flops"
     debug: bool = False
     visualize_pareto: bool = False
     graph_format: str = "svg"

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import gc
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -41,6 +41,7 @@ from .pareto import sweep, write_pareto_png
 from .passes import has_recomputable_ops
 from .policy import MinCutOptions, active_rule_names
 from .prepare import prepared_joint
+from .reference import ReferenceCheck, check_against_reference
 from .report import PartitionReport, build_report, log_report
 from .sizes import node_nbytes
 from .solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
@@ -164,6 +165,7 @@ class _Choice:
     options: MinCutOptions                 # the options of the cut that chose ``saved``
     activation_bytes: int | None = None    # set under a byte budget (caps.activation_bytes)
     simulated_peak: int | None = None      # set under a peak cap (caps.SimulatedPeak)
+    reference_check: ReferenceCheck | None = None  # set at a fraction (reference.py)
 
 
 def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
@@ -210,19 +212,20 @@ def _choose_under_caps(search: BudgetSearch, config: PartitionConfig,
     return _Choice(saved, solution, _options_for(search, saved), nbytes, simulated)
 
 
-def _peak_measure(joint_module: fx.GraphModule, num_fwd_outputs: int,
-                  static_lifetime_input_indices: Sequence[int] | None,
-                  config: PartitionConfig) -> SimulatedPeak | None:
-    """The simulator, only when a peak cap is set: without one no cut is simulated."""
-    if config.peak_bytes is None:
-        return None
+def _simulator(joint_module: fx.GraphModule, num_fwd_outputs: int,
+               static_lifetime_input_indices: Sequence[int] | None,
+               estimator: str | None = None) -> SimulatedPeak:
+    """A simulator of this joint's cuts (nothing is simulated until a cut is measured)."""
     static = (None if static_lifetime_input_indices is None
               else tuple(static_lifetime_input_indices))
-    return SimulatedPeak(joint_module, num_fwd_outputs, static)
+    return SimulatedPeak(joint_module, num_fwd_outputs, static, estimator)
 
 
 def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: float,
-                         config: PartitionConfig, peak: SimulatedPeak | None) -> _Choice:
+                         config: PartitionConfig, peak: SimulatedPeak | None,
+                         simulator: Callable[[str], SimulatedPeak]) -> _Choice:
+    """``peak``: the measure of the peak cap, if one is set; ``simulator(estimator)``: a
+    simulator of this joint's cuts for the reference check (reference.py)."""
     if config.memory_budget_bytes is not None or config.peak_bytes is not None:
         search = BudgetSearch.prepare(joint_graph, node_info, config=config)
         return _choose_under_caps(search, config, peak)
@@ -230,14 +233,22 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
         solution = solve_min_cut_detailed(joint_graph, node_info, config.options, config=config)
         return _Choice(solution.saved_values, solution, config.options)
     search = BudgetSearch.prepare(joint_graph, node_info, config=config)
-    saved, runtime = search.saved_values(budget)
+    if config.reference_estimator is None:
+        saved, runtime = search.saved_values(budget)
+        check = None
+    else:
+        saved, runtime, check = check_against_reference(
+            search, budget, config.reference_estimator, simulator(search.estimator))
     if config.visualize_pareto:
         write_pareto_png(sweep(search), search.solver)
     log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
              budget, search.solver, search.memory_ratio(saved), runtime)
     saved = list(saved)
-    return _Choice(saved, _labelled(search, saved, f"{search.solver} budget"),
-                   _options_for(search, saved))
+    how = f"{search.solver} budget"
+    if check is not None and not check.kept_ours:
+        how += f", the {check.chosen} cut (reference check)"
+    return _Choice(saved, _labelled(search, saved, how), _options_for(search, saved),
+                   reference_check=check)
 
 
 def partition_with_report(
@@ -295,8 +306,12 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         return fw_module, bw_module, PartitionReport(
             [], [], {}, budget, 0, "none", config=config,
             memory_budget_bytes=config.memory_budget_bytes, peak_bytes=config.peak_bytes)
-    peak = _peak_measure(joint_module, num_fwd_outputs, static_lifetime_input_indices, config)
-    choice = _choose_saved_values(joint_graph, node_info, budget, config, peak)
+    def simulator(estimator: str | None = None) -> SimulatedPeak:
+        return _simulator(joint_module, num_fwd_outputs, static_lifetime_input_indices,
+                          estimator)
+
+    peak = simulator() if config.peak_bytes is not None else None
+    choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
     cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
@@ -308,7 +323,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     report = dataclasses.replace(
         report, active_rules=active_rule_names(choice.options), config=config,
         memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
-        peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak)
+        peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
+        reference_check=choice.reference_check)
     log_report(report)
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)

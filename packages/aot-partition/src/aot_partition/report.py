@@ -22,6 +22,7 @@ from .passes.rng import RNG_STATE_PREFIX
 from .sizes import node_nbytes
 
 if TYPE_CHECKING:
+    from .reference import ReferenceCheck
     from .solve import MinCutSolution
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class PartitionReport:
     # Under a peak cap: the chosen cut's simulated forward+backward peak (caps.SimulatedPeak:
     # absolute, the step's inputs and parameters included).
     simulated_peak_bytes: int | None = None
+    # At a fraction between 0 and 1: the reference check (reference.py), None when it did not
+    # apply (budget 0 or 1, a byte cap, the estimator is the reference, or it is off).
+    reference_check: ReferenceCheck | None = None
 
     def format(self) -> str:
         """A plain-text table for terminals."""
@@ -69,6 +73,8 @@ class PartitionReport:
         if self.peak_bytes is not None:
             lines.append(f"peak cap {self.peak_bytes}: simulated peak {self.simulated_peak_bytes} "
                          "bytes (forward+backward, inputs and parameters included)")
+        if self.reference_check is not None:
+            lines.append(self.reference_check.describe())
         if self.active_rules:
             lines.append(f"ban rules: {', '.join(self.active_rules)}")
         for title, rows in (("saved", self.saved), ("recomputed", self.recomputed)):

@@ -1,0 +1,138 @@
+"""A fraction budget's reference check: never worse than the cut torch's estimator picks.
+
+Two runtime estimators can choose different cuts at the same fraction (ours, ``roofline``,
+against torch's ``flops``). Both cuts save at most the fraction's bytes, but either may peak
+higher in the step or take longer: the knapsack sees neither the step's memory timeline nor
+what a released node's recompute needs. So at a fraction strictly between 0 and 1, when the
+call's estimator is not the reference (``PartitionConfig.reference_estimator``, the flag
+``activation_memory_budget_reference_estimator``, default ``"flops"``), the search also makes
+the reference estimator's cut, and, with the default "dp" solver on a forward of at most
+``ILP_CANDIDATE_MAX_NODES`` nodes, the "ilp_graph" solver's cut (HiGHS, at most
+``ILP_CANDIDATE_TIME_LIMIT_S``; an answer not proven optimal in time is dropped, so the result
+does not depend on the machine's speed).
+
+When the cuts differ, each is simulated (memory.py: the step's absolute peak) and each step is
+estimated with the call's estimator (``caps.step_estimate``). The answer is the candidate with
+the least estimated step (then the least peak, then the search's own cut first) among those
+no worse than the reference cut on both; the reference cut itself always qualifies.
+
+Cost: one more knapsack (the cuts and bans are shared), a MILP on small graphs, and when the
+answers differ one more cut and a simulation per distinct cut. At 0 and 1 the answer does not
+depend on the estimator: no check.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import torch.fx as fx
+
+from .budget import BudgetSearch
+from .caps import CutMeasure, SimulatedPeak
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ILP_CANDIDATE_MAX_NODES", "ILP_CANDIDATE_TIME_LIMIT_S", "CandidateScore",
+           "ReferenceCheck", "check_against_reference"]
+
+# The "ilp_graph" candidate is tried on forwards of at most this many MILP nodes (the zoo's
+# transformers have 100-200; a 12-block GPT 876, where one solve took 0.4-3 s on a 2-core VM),
+# within this many seconds. Read at call time.
+ILP_CANDIDATE_MAX_NODES = 400
+ILP_CANDIDATE_TIME_LIMIT_S = 2.0
+
+# Estimates are sums of floats over different graphs: equal within this relative tolerance
+# counts as equal, so a rounding difference does not decide.
+_RELATIVE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class CandidateScore:
+    """One candidate cut of the check and what it scored."""
+
+    label: str            # "roofline", "flops", "roofline ilp_graph", ...
+    peak_bytes: int       # simulated, absolute
+    step_runtime: float   # estimated with the call's estimator
+
+
+@dataclass(frozen=True)
+class ReferenceCheck:
+    """What the reference check compared, and what it took."""
+
+    estimator: str                    # the call's estimator (whose cut is "ours")
+    reference_estimator: str
+    chosen: str                       # the label of the cut taken
+    same_cut: bool                    # every candidate was the same saved set: nothing run
+    scores: tuple[CandidateScore, ...] = ()   # distinct cuts, ours first, the reference second
+
+    @property
+    def kept_ours(self) -> bool:
+        return self.chosen == self.estimator
+
+    def describe(self) -> str:
+        """One line for the report and the log."""
+        if self.same_cut:
+            return (f"reference check: the {self.reference_estimator} estimator chose the same "
+                    "cut")
+        scored = "; ".join(f"{s.label}: peak {s.peak_bytes} bytes, step {s.step_runtime:.6g}"
+                           for s in self.scores)
+        return (f"reference check: took the {self.chosen} cut ({scored}; steps estimated by "
+                f"{self.estimator})")
+
+
+def _no_worse(mine: CutMeasure, reference: CutMeasure) -> bool:
+    """Peaks no higher and its step is estimated no longer (within rounding)."""
+    assert mine.step_runtime is not None and reference.step_runtime is not None
+    slack = _RELATIVE_TOLERANCE * max(abs(reference.step_runtime), abs(mine.step_runtime))
+    return (mine.peak_bytes <= reference.peak_bytes
+            and mine.step_runtime <= reference.step_runtime + slack)
+
+
+def _ilp_candidate(search: BudgetSearch, memory_budget: float) -> list[fx.Node] | None:
+    """The "ilp_graph" solver's cut, when the search uses "dp" and the MILP is small."""
+    if search.solver != "dp" or search.ilp_size() > ILP_CANDIDATE_MAX_NODES:
+        return None
+    exact = replace(search, solver="ilp_graph", ilp_time_limit_s=ILP_CANDIDATE_TIME_LIMIT_S,
+                    ilp_optimal_only=True)
+    return exact.saved_values(memory_budget)[0]
+
+
+def check_against_reference(search: BudgetSearch, memory_budget: float, reference: str,
+                            simulator: SimulatedPeak
+                            ) -> tuple[list[fx.Node], float, ReferenceCheck | None]:
+    """(saved values, recompute runtime, the check) at ``memory_budget``.
+
+    ``simulator`` measures cuts of the search's joint with the search's estimator. The check
+    is None when it does not apply: the budget is 0 or 1, or the estimators are the same. The
+    runtime is the search's estimate for its own cut, else the simulator's recompute estimate.
+    """
+    saved, runtime = search.saved_values(memory_budget)
+    if not 0 < memory_budget < 1 or reference == search.estimator:
+        return saved, runtime, None
+    theirs, _ = search.with_estimator(reference).saved_values(memory_budget)
+    cuts: dict[frozenset[fx.Node], tuple[str, list[fx.Node]]] = {}
+    cuts[frozenset(saved)] = (search.estimator, list(saved))
+    cuts.setdefault(frozenset(theirs), (reference, list(theirs)))
+    exact = _ilp_candidate(search, memory_budget)
+    if exact is not None:
+        cuts.setdefault(frozenset(exact), (f"{search.estimator} ilp_graph", list(exact)))
+    if len(cuts) == 1:
+        check = ReferenceCheck(search.estimator, reference, search.estimator, same_cut=True)
+        log.info("memory budget %.3f: %s", memory_budget, check.describe())
+        return saved, runtime, check
+    assert simulator.estimator == search.estimator
+    measured = [(label, cut, simulator.of(cut)) for label, cut in cuts.values()]
+    baseline = simulator.of(theirs)
+    qualified = [(m.step_runtime, m.peak_bytes, rank, label, cut)
+                 for rank, (label, cut, m) in enumerate(measured) if _no_worse(m, baseline)]
+    _, _, _, chosen, cut = min(qualified, key=lambda q: q[:3])
+    scores = tuple(CandidateScore(label, m.peak_bytes, float(m.step_runtime or 0.0))
+                   for label, _, m in measured)
+    check = ReferenceCheck(search.estimator, reference, chosen, False, scores)
+    log.info("memory budget %.3f: %s", memory_budget, check.describe())
+    if chosen == search.estimator:
+        return saved, runtime, check
+    recompute = simulator.of(cut).recompute_runtime
+    assert recompute is not None
+    return cut, recompute, check
