@@ -258,3 +258,46 @@ def test_plot_peak_front_writes_a_png(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no simulated points"):
         plot_peak_front({"ours": []}, tmp_path / "q.png")
+
+
+# ---- what a peak cap chooses from, and by what --------------------------------------------------
+
+def _scores(joint, **config):
+    """(simulated peak, roofline step estimate) of one partition under ``config``."""
+    from aot_partition.caps import step_estimate
+    from aot_partition.config import PartitionConfig
+
+    fw, bw, report = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
+                                           config=PartitionConfig(**config))
+    return (simulate_partition(fw.graph, bw.graph).peak_bytes,
+            step_estimate(fw.graph, bw.graph, "roofline")), report
+
+
+def test_peak_cap_orders_candidates_by_the_simulated_step(gpt, monkeypatch):
+    """At the flops cut's peak at 0.8, the knapsack items' runtime preferred a cut whose whole
+    step is 2.7% slower (it missed what the forward no longer runs); the step estimate of the
+    simulation does not."""
+    from aot_partition import caps
+
+    (flops_peak, flops_step), _ = _scores(gpt, memory_budget=0.8, runtime_estimator="flops")
+    (peak, step), _ = _scores(gpt, peak_bytes=flops_peak)
+    assert peak <= flops_peak and step <= flops_step * (1 + 1e-9)
+    # The opposite case: ordered by the knapsack items' runtime, the answer is slower.
+    monkeypatch.setattr(caps.SimulatedPeak, "step_runtime", None)  # no step order
+    (_, proxy_step), _ = _scores(gpt, peak_bytes=flops_peak)
+    assert proxy_step > flops_step * 1.01
+
+
+@pytest.mark.slow
+def test_peak_cap_also_chooses_among_the_flops_cuts(capture):
+    """gpt-12's flops cut at 0.5 peaks 4 KB below every roofline cut of the candidate grid:
+    without the reference estimator's cuts a cap at its peak is unreachable."""
+    from aot_pipeline.models import build_model
+
+    built = build_model("gpt", layers=12)
+    joint = capture(built.module, *built.make_inputs())
+    (flops_peak, flops_step), _ = _scores(joint, memory_budget=0.5, runtime_estimator="flops")
+    (peak, step), report = _scores(joint, peak_bytes=flops_peak)
+    assert peak <= flops_peak and step <= flops_step * (1 + 1e-9)
+    with pytest.raises(UnreachableMemoryBudgetError, match="simulated memory peak cap"):
+        _scores(joint, peak_bytes=flops_peak, reference_estimator=None)

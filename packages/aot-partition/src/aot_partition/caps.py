@@ -117,11 +117,11 @@ def activation_bytes(search: BudgetSearch, candidate: CutCandidate) -> int:
 
 
 def choose_candidate(candidates: Sequence[CutCandidate], cap: int, measure: Measure, *,
-                     what: str = "activation memory budget", verb: str = "save"
-                     ) -> CutCandidate:
+                     what: str = "activation memory budget", verb: str = "save",
+                     runtime: Callable[[CutCandidate], float] | None = None) -> CutCandidate:
     """The candidate to take under ``cap``: among those whose ``measure`` is at most ``cap``,
-    the runtime-optimal cut (rank 0) when it fits, else the least runtime, then the smaller
-    measure, then the lower rank.
+    the runtime-optimal cut (rank 0) when it fits, else the least runtime (``runtime(c)``,
+    default ``c.runtime``), then the smaller measure, then the lower rank.
 
     The runtime-optimal cut comes first whatever its estimate: its bans are the heuristics'
     judgement of what is slow to recompute, which the runtime estimate does not see (the
@@ -132,7 +132,8 @@ def choose_candidate(candidates: Sequence[CutCandidate], cap: int, measure: Meas
     (``what`` and ``verb`` word it).
     """
     measured = [(c, measure(c)) for c in candidates]
-    fitting = [(c.rank != 0, c.runtime, m, c.rank, c) for c, m in measured if m <= cap]
+    runtime_of = runtime if runtime is not None else (lambda c: c.runtime)
+    fitting = [(c.rank != 0, runtime_of(c), m, c.rank, c) for c, m in measured if m <= cap]
     if not fitting:
         least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
         raise UnreachableMemoryBudgetError(what, cap, amount, least.label, verb)
@@ -148,6 +149,8 @@ class Cap:
     measure: Measure
     what: str = "activation memory budget"
     verb: str = "save"
+    # How the fitting candidates are ordered when this cap chooses (default: their runtime).
+    runtime: Callable[[CutCandidate], float] | None = None
 
 
 def byte_cap(search: BudgetSearch, limit: int) -> Cap:
@@ -159,7 +162,10 @@ def peak_cap(limit: int, peak: SimulatedPeak, *, after_byte_cap: bool = False) -
     """The cap on the simulated peak; ``after_byte_cap``: it only sees the candidates within a
     byte cap, which its error then says."""
     verb = "peak at within the activation memory budget" if after_byte_cap else "peak at"
-    return Cap(validate_peak_bytes(limit), peak, "simulated memory peak cap", verb)
+    # The simulation also estimates the whole step: a better order than the knapsack items'
+    # runtime, which misses what a cut's recompute needs and what the forward no longer runs.
+    runtime = peak.step_runtime if peak.estimator is not None else None
+    return Cap(validate_peak_bytes(limit), peak, "simulated memory peak cap", verb, runtime)
 
 
 def _within(candidates: Sequence[CutCandidate], cap: Cap) -> list[CutCandidate]:
@@ -183,7 +189,8 @@ def choose_under_caps(candidates: Sequence[CutCandidate], caps: Sequence[Cap]) -
     for cap in caps[:-1]:
         remaining = _within(remaining, cap)
     last = caps[-1]
-    return choose_candidate(remaining, last.limit, last.measure, what=last.what, verb=last.verb)
+    return choose_candidate(remaining, last.limit, last.measure, what=last.what, verb=last.verb,
+                            runtime=last.runtime)
 
 
 # ---- the candidate cuts of a search -----------------------------------------------------------
@@ -204,8 +211,10 @@ def candidate(search: BudgetSearch, saved: Sequence[fx.Node], label: str, rank: 
 
 def cut_candidates(search: BudgetSearch) -> list[CutCandidate]:
     """The byte budget's candidates, best first among equals (cached): the runtime-optimal
-    cut, the cut at each fraction of ``BYTE_BUDGET_FRACTIONS`` (high to low) and the
-    inputs alone; a cut found twice keeps its first place. None depends on a cap."""
+    cut, the cut at each fraction of ``BYTE_BUDGET_FRACTIONS`` (high to low), the reference
+    estimator's cut at each fraction (``config.reference_estimator``, when it is not the
+    search's) and the inputs alone; a cut found twice keeps its first place. None depends on
+    a cap."""
     cached: list[CutCandidate] | None = search.cut_candidates_cache
     if cached is not None:
         return cached
@@ -215,6 +224,14 @@ def cut_candidates(search: BudgetSearch) -> list[CutCandidate]:
         saved = search.saved_values(fraction)[0]
         label = "recompute everything" if fraction == 0 else f"budget {fraction:g}"
         found.setdefault(frozenset(saved), (saved, label))
+    # The reference estimator's cuts too (reference.py): a cap then also reaches what torch's
+    # estimator would save at each fraction.
+    reference = search.config.reference_estimator
+    if reference is not None and reference != search.estimator and search.has_range:
+        twin = search.with_estimator(reference)
+        for fraction in BYTE_BUDGET_FRACTIONS[1:-1]:  # 1 and 0 do not depend on the estimator
+            saved = twin.saved_values(fraction)[0]
+            found.setdefault(frozenset(saved), (saved, f"budget {fraction:g} ({reference})"))
     inputs = list(search.node_info.inputs)
     found.setdefault(frozenset(inputs), (inputs, "inputs only"))
     made = [candidate(search, saved, label, rank)
@@ -338,6 +355,13 @@ class SimulatedPeak:
 
     def __call__(self, candidate: CutCandidate) -> int:
         return self.of(candidate.saved).peak_bytes
+
+    def step_runtime(self, candidate: CutCandidate) -> float:
+        """The candidate's estimated step (``step_estimate``; needs ``estimator``)."""
+        step = self.of(candidate.saved).step_runtime
+        if step is None:
+            raise ValueError("SimulatedPeak.step_runtime needs an estimator")
+        return step
 
     @property
     def simulations(self) -> int:

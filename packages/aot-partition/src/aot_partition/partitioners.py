@@ -310,7 +310,7 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         return _simulator(joint_module, num_fwd_outputs, static_lifetime_input_indices,
                           estimator)
 
-    peak = simulator() if config.peak_bytes is not None else None
+    peak = simulator(config.runtime_estimator) if config.peak_bytes is not None else None
     choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
