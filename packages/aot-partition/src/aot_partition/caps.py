@@ -2,14 +2,15 @@
 
 A budget in bytes (``activation_memory_budget_bytes``, ``within_bytes``) picks one of a fixed
 set of candidate cuts (``cut_candidates``: the runtime-optimal cut and the cuts at the fractions
-of ``BYTE_BUDGET_FRACTIONS``, made by budget.py's ``BudgetSearch``) with ``choose_candidate``;
-the measure compared with the cap is a function of a candidate (``activation_bytes`` by
-default).
+of ``BYTE_BUDGET_FRACTIONS``, under the search's estimator and the reference estimator, made by
+budget.py's ``BudgetSearch``) with ``choose_candidate``; the measure compared with the cap is a
+function of a candidate (``activation_bytes`` by default).
 
 A cap on the simulated peak (``activation_memory_peak_bytes``, ``SimulatedPeak``) picks from the
 same candidates with the same rule; the measure is the absolute peak of one forward+backward
 step as memory.py simulates it, inputs and parameters included (``within_caps`` takes both caps
-at once). Candidates are simulated only when such a cap is set.
+at once), and the fitting candidates are ordered by the simulation's step estimate.
+Candidates are simulated only when such a cap is set.
 """
 
 from __future__ import annotations
