@@ -157,6 +157,44 @@ def test_recomputed_dropout_replays_the_forward_rng_state(capture):
     assert report.notes == []
 
 
+class Attention(nn.Module):
+    """Self-attention through SDPA, whose op is tagged random for its dropout argument."""
+
+    def __init__(self, dropout_p: float, dim: int = 64) -> None:
+        super().__init__()
+        self.qkv, self.dropout_p = nn.Linear(dim, 3 * dim), dropout_p
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, -1, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p).sum(-1)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.2])
+def test_attention_is_random_only_with_dropout(capture, dropout_p):
+    from aot_partition.joint import is_random
+
+    case = _case(Attention(dropout_p), shape=(512, 64))  # activations outweigh the weights
+    joint = capture(case.module, *case.inputs)
+    calls = [n for n in joint.module.graph.nodes if n.op == "call_function"]
+    seeded = [n for n in calls if torch.Tag.nondeterministic_seeded in
+              getattr(n.target, "tags", ())]
+    assert seeded  # the attention op (dropout_p 0) or its dropout (CPU decomposes it)
+    _, bw, report = _partition(joint.module, joint.num_fwd_outputs, 0.0)
+    recomputed = {d.name for d in report.recomputed}
+    assert {n.name for n in seeded} <= recomputed
+    if dropout_p == 0:
+        # The flash attention op is tagged for its dropout argument, which is 0: it draws
+        # nothing, so it is recomputed without a replayed RNG state.
+        assert [str(n.target) for n in seeded] == [
+            "aten._scaled_dot_product_flash_attention_for_cpu.default"]
+        assert not any(is_random(n) for n in calls)
+        assert run_with_rng_state not in _targets(bw)
+    else:
+        assert all(is_random(n) for n in seeded)
+        assert run_with_rng_state in _targets(bw)
+    assert_matches_eager(case, aot_at(0.0))
+
+
 def test_tiny_random_op_stays_saved_when_its_rng_state_is_bigger(capture):
     # A 16-element mask is 80 bytes; replaying it would save a 5,056-byte CPU RNG state.
     case = _case(DropoutBatchNorm(dim=4), shape=(4, 4))

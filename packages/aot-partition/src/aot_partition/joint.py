@@ -78,8 +78,26 @@ def aten_packet(node: fx.Node) -> Any:
 
 
 def is_random(node: fx.Node) -> bool:
+    """A call that draws from the RNG: its op is tagged ``nondeterministic_seeded``, unless its
+    only randomness is a ``dropout_p`` argument of 0 (attention at ``dropout_p=0.0``: the same
+    output every time, so recomputing it needs no replayed RNG state)."""
     tags = getattr(node.target, "tags", ())
-    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
+    return (node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
+            and not _dropout_p_is_zero(node))
+
+
+def _dropout_p_is_zero(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    for index, argument in enumerate(schema.arguments):
+        if argument.name == "dropout_p":
+            if index < len(node.args):
+                value = node.args[index]
+            else:
+                value = node.kwargs.get("dropout_p", argument.default_value)
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+    return False
 
 
 # ---- outputs, order and reachability ---------------------------------------------------------
