@@ -19,6 +19,9 @@ estimated step time, torch's front on the same axes).
     uv run python benchmarks/memory_tradeoff_bench.py                # gpt-12, llama-8, convnet
     uv run python benchmarks/memory_tradeoff_bench.py --models gpt-32 --real gpt2,tv_resnet18
     uv run python benchmarks/memory_tradeoff_bench.py --smoke
+    # GPU-sized, traced on fake tensors (no compute), estimated with an H100's roofline numbers:
+    uv run python benchmarks/memory_tradeoff_bench.py --models "" --fake gpt2-size \
+        --roofline-device H100
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
+from aot_partition import roofline
 from aot_partition.estimators import estimate_runtime
 from aot_partition.joint import is_random
 from aot_partition.memory import simulate_partition
@@ -52,6 +56,12 @@ sys.path.insert(0, HERE)
 from partition_bench import MODELS, SMOKE_MODELS, Joint, capture_joint  # noqa: E402
 
 BUDGETS = (1.0, 0.8, 0.5, 0.2, 0.0)
+# Models too big to run on a CPU, traced under FakeTensorMode (bf16, as gpu_train_bench.py runs
+# them): GPT-2 size, batch 8, seq 1024.
+FAKE_MODELS: dict[str, dict[str, Any]] = {
+    "gpt2-size": {"vocab": 50304, "dim": 768, "heads": 12, "layers": 12, "seq": 1024,
+                  "sdpa": True, "batch": 8},
+}
 SMOKE_BUDGETS = (1.0, 0.5, 0.0)
 DEFAULT_MODELS = ("gpt-12", "llama-8", "convnet")
 
@@ -105,6 +115,43 @@ def capture_real(name: str) -> tuple[Joint, list[int]]:
     compiled = torch.compile(case.module, backend=backend, fullgraph=False)
     real.run_step(case.module, case.kwargs, call=compiled)
     return record["joint"], record["static"]
+
+
+def capture_fake(name: str) -> tuple[Joint, list[int]]:
+    """A ``FAKE_MODELS`` GPT traced on fake CPU tensors in bf16 (nothing is computed; the sizes
+    are real), its joint and the static-lifetime input indices (the parameters)."""
+    from aot_pipeline.models import GPT
+    from functorch.compile import aot_function, default_partition, make_boxed_func
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    spec = dict(FAKE_MODELS[name])
+    batch, seq = spec.pop("batch"), spec["seq"]
+    record: dict[str, Joint] = {}
+
+    def recording(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
+                  **kwargs: Any) -> Any:
+        record["joint"] = Joint(name, copy.deepcopy(joint), joint_inputs, num_fwd_outputs)
+        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+
+    def boxed(gm: fx.GraphModule, _inputs: Any) -> Any:
+        return make_boxed_func(gm)
+
+    default_dtype = torch.get_default_dtype()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            module = GPT(**spec)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        params = dict(module.named_parameters())
+        tokens = torch.randint(0, spec["vocab"], (batch, seq))
+
+        def step(params: dict[str, torch.Tensor], tokens: torch.Tensor) -> Any:
+            return torch.func.functional_call(module, params, (tokens,))
+
+        aot_function(step, fw_compiler=boxed, bw_compiler=boxed,
+                     partition_fn=recording)(params, tokens)
+    return record["joint"], list(range(len(params)))
 
 
 def _estimated_seconds(*graphs: fx.Graph) -> float:
@@ -204,7 +251,8 @@ def verdicts(points: list[Point]) -> list[dict[str, Any]]:
 
 
 def markdown(points: list[Point], rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}", "",
+    lines = [f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}; roofline "
+             f"numbers: {meta['roofline_device']}", "",
              "| model | partitioner | budget | simulated peak MiB | saved MiB | est. step ms |",
              "|---|---|---|---:|---:|---:|"]
     for p in points:
@@ -251,10 +299,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real", default="",
                         help="comma-separated models of tests/aot_pipeline/test_real_models.py "
                              "(transformers, torchvision, timm), e.g. gpt2,llama,tv_resnet18")
+    parser.add_argument("--fake", default="",
+                        help=f"comma-separated, traced on fake tensors: {', '.join(FAKE_MODELS)}")
+    parser.add_argument("--roofline-device", default=None,
+                        help="estimate the CPU's ops with this roofline table entry (e.g. H100): "
+                             "decisions and scores as on that device")
     parser.add_argument("--smoke", action="store_true", help="one tiny model, three budgets")
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     args = parser.parse_args(argv)
-    specs = SMOKE_MODELS if args.smoke else {m: MODELS[m] for m in args.models.split(",")}
+    if args.roofline_device is not None:
+        numbers = roofline.lookup(args.roofline_device)
+        if numbers is None:
+            parser.error(f"--roofline-device {args.roofline_device!r} is in no table entry; "
+                         f"valid: {', '.join(roofline.DEVICE_TABLE)}")
+        roofline.set_device_numbers("cpu", numbers)
+    specs = SMOKE_MODELS if args.smoke else {m: MODELS[m] for m in args.models.split(",") if m}
     budgets = SMOKE_BUDGETS if args.smoke else BUDGETS
     os.makedirs(args.out, exist_ok=True)
     points: list[Point] = []
@@ -267,9 +326,14 @@ def main(argv: list[str] | None = None) -> int:
         joint, static = capture_real(name)
         points += model_points(joint, budgets, static)
         plot(points, name, os.path.join(args.out, f"memory_tradeoff_{name}.png"))
+    for name in tqdm([n for n in args.fake.split(",") if n], desc="fake models",
+                     file=sys.stderr):
+        joint, static = capture_fake(name)
+        points += model_points(joint, budgets, static)
+        plot(points, name, os.path.join(args.out, f"memory_tradeoff_{name}.png"))
     rows = verdicts(points)
     meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.platform()}",
-            "torch": torch.__version__,
+            "torch": torch.__version__, "roofline_device": args.roofline_device or "this CPU",
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}
     text = markdown(points, rows, meta)
     print(text)
