@@ -42,13 +42,19 @@ def saved_names(report) -> list[str]:
     return [d.name for d in report.saved]
 
 
+def three_ways(joint, budget: float):
+    """The partition without the check (roofline's cut), flops' and the checked one; the
+    first two's scores; the unchecked cut is asserted to differ from flops'."""
+    unchecked = partition(joint, budget, reference_estimator=None)
+    flops = partition(joint, budget, runtime_estimator="flops")
+    assert saved_names(unchecked[2]) != saved_names(flops[2])
+    return (unchecked, flops, partition(joint, budget),
+            scores(*unchecked[:2]), scores(*flops[:2]))
+
+
 def test_check_takes_the_flops_cut_where_ours_is_worse(gpt_joint):
-    unchecked_fw, unchecked_bw, unchecked = partition(gpt_joint, 0.4, reference_estimator=None)
-    flops_fw, flops_bw, flops = partition(gpt_joint, 0.4, runtime_estimator="flops")
-    fw, bw, report = partition(gpt_joint, 0.4)
-    # Without the check, roofline's cut differs from flops' and is worse on an axis.
-    assert saved_names(unchecked) != saved_names(flops)
-    ours, theirs = scores(unchecked_fw, unchecked_bw), scores(flops_fw, flops_bw)
+    _, (flops_fw, flops_bw, flops), (fw, bw, report), ours, theirs = three_ways(gpt_joint, 0.4)
+    # Without the check, roofline's cut is worse on an axis.
     assert ours[0] > theirs[0] or ours[1] > theirs[1]
     # With it (the default), the answer is flops' cut, graph for graph.
     check = report.reference_check
@@ -71,11 +77,8 @@ def test_check_takes_the_flops_cut_where_ours_is_worse(gpt_joint):
 
 
 def test_check_keeps_ours_where_it_is_no_worse(gpt_joint):
-    unchecked_fw, unchecked_bw, unchecked = partition(gpt_joint, 0.5, reference_estimator=None)
-    flops_fw, flops_bw, flops = partition(gpt_joint, 0.5, runtime_estimator="flops")
-    fw, bw, report = partition(gpt_joint, 0.5)
-    assert saved_names(unchecked) != saved_names(flops)
-    ours, theirs = scores(unchecked_fw, unchecked_bw), scores(flops_fw, flops_bw)
+    (unchecked_fw, unchecked_bw, unchecked), _, (fw, bw, report), ours, theirs = three_ways(
+        gpt_joint, 0.5)
     assert ours[0] <= theirs[0] and ours[1] <= theirs[1]
     assert ours != theirs
     check = report.reference_check
