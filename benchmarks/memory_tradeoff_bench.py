@@ -39,8 +39,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from aot_config import functorch as functorch_config
-from aot_partition import min_cut_rematerialization_partition
-from aot_partition import roofline
+from aot_partition import min_cut_rematerialization_partition, roofline
 from aot_partition.estimators import estimate_runtime
 from aot_partition.joint import is_random
 from aot_partition.memory import simulate_partition

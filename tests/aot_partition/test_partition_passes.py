@@ -5,6 +5,8 @@ Every pass takes a graph and returns whether it changed it; the module is recomp
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.fx as fx
@@ -142,6 +144,47 @@ def test_reorder_backward_brings_recomputation_next_to_its_use():
     assert order == ["sin", "mul", "cos", "mul_1"]
     saved, tangent = torch.randn(3), torch.randn(3)
     torch.testing.assert_close(module(saved, tangent), backward(saved, tangent))
+
+
+def test_reorder_backward_takes_a_tuples_outputs_at_once():
+    """A recomputed layer norm whose output is read at once and whose statistics only later:
+    its getitems move up to right after it, so the tuple (holding the output) dies after the
+    output's last use, and memory.py's simulated peak of the backward falls by that output."""
+    from aot_partition.memory import simulate_partition
+
+    graph = fx.Graph()
+    saved, tangent = graph.placeholder("saved"), graph.placeholder("tangents_1")
+    values = {"saved": torch.empty(64, 256), "tangents_1": torch.empty(64, 256)}
+    saved.meta["val"], tangent.meta["val"] = values["saved"], values["tangents_1"]
+
+    def call(target, *args):
+        node = graph.call_function(target, args)
+        node.meta["val"] = target(*[values.get(a.name, a) if isinstance(a, fx.Node) else a
+                                    for a in args])
+        values[node.name] = node.meta["val"]
+        return node
+
+    norm = call(aten.native_layer_norm.default, saved, [256], None, None, 1e-5)
+    out = call(operator.getitem, norm, 0)
+    grad = call(aten.mul.Tensor, tangent, out)          # the output's last use
+    big = call(aten.repeat.default, grad, [2, 1])      # the peak: after the output's use ...
+    mean = call(operator.getitem, norm, 1)              # ... before the statistics are read
+    rstd = call(operator.getitem, norm, 2)
+    stats = call(aten.add.Tensor, mean, rstd)
+    total = call(aten.sum.default, big)
+    result = call(aten.add.Tensor, stats, total)
+    graph.output((result,))
+    forward = fx.Graph()  # hands the backward its saved value
+    primal = forward.placeholder("primals_1")
+    primal.meta["val"] = values["saved"]
+    forward.output((primal,))
+    before = simulate_partition(forward, graph).peak_bytes
+    assert reorder_backward(graph)
+    order = [n.name for n in graph.nodes if n.op == "call_function"]
+    assert order[:4] == [norm.name, out.name, mean.name, rstd.name]
+    # Nothing else moved: the rest keeps its relative order.
+    assert order[4:] == [n.name for n in (grad, big, stats, total, result)]
+    assert simulate_partition(forward, graph).peak_bytes == before - 64 * 256 * 4
 
 
 def test_reorder_backward_without_tangent_users_is_identity():

@@ -8,6 +8,8 @@ recomputed ops it needs, which keeps recomputed values short-lived.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -50,7 +52,29 @@ def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
             place_with_dependencies(node)
     for node in nodes[start:]:
         place_with_dependencies(node)
-    return new_order
+    return _getitems_after_their_tuple(new_order)
+
+
+def _getitems_after_their_tuple(new_order: list[fx.Node]) -> list[fx.Node]:
+    """``new_order`` with each ``getitem`` moved up to right after the node whose tuple it
+    reads. A recomputed multi-output op (``native_layer_norm``) may have one output read at
+    once and the others only much later; until its last ``getitem`` runs, the tuple holds
+    every output alive (in the generated code, and in memory.py's model), so taking them all
+    at once frees an output after its own last use. A ``getitem`` allocates nothing."""
+    kept = set(new_order)
+    getitems = {node: [u for u in node.users if u.target is operator.getitem and u in kept]
+                for node in new_order
+                if any(u.target is operator.getitem for u in node.users)}
+    if not getitems:
+        return new_order
+    moved = {g for found in getitems.values() for g in found}
+    result: list[fx.Node] = []
+    for node in new_order:
+        if node in moved:
+            continue
+        result.append(node)
+        result.extend(getitems.get(node, ()))
+    return result
 
 
 def reorder_backward(graph: fx.Graph) -> bool:
