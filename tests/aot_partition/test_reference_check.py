@@ -162,6 +162,8 @@ def test_ilp_candidate_is_taken_where_it_beats_both(llama_joint):
     fw, bw, report = partition(llama_joint, 0.5)
     check = report.reference_check
     assert check is not None and check.chosen == "roofline ilp_graph"
+    assert report.solver == ("whole-graph MILP, dp budget, the roofline ilp_graph cut "
+                             "(reference check)")
     scored = {s.label: s for s in check.scores}
     assert set(scored) == {"roofline", "flops", "roofline ilp_graph"}
     exact, reference = scored["roofline ilp_graph"], scored["flops"]
@@ -173,6 +175,7 @@ def test_ilp_candidate_is_taken_where_it_beats_both(llama_joint):
                                     reference_estimator=None)
     assert saved_names(report) == saved_names(ilp)
     assert fw.code == ilp_fw.code and bw.code == ilp_bw.code
+    assert ilp.solver == "whole-graph MILP, ilp_graph budget"
     assert scores(fw, bw) == (exact.peak_bytes, pytest.approx(exact.step_runtime))
 
 

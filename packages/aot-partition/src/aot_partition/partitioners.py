@@ -166,6 +166,7 @@ class _Choice:
     activation_bytes: int | None = None    # set under a byte budget (caps.activation_bytes)
     simulated_peak: int | None = None      # set under a peak cap (caps.SimulatedPeak)
     reference_check: ReferenceCheck | None = None  # set at a fraction (reference.py)
+    label: str | None = None               # the report's solver when no min cut chose ``saved``
 
 
 def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
@@ -247,8 +248,12 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     how = f"{search.solver} budget"
     if check is not None and not check.kept_ours:
         how += f", the {check.chosen} cut (reference check)"
-    return _Choice(saved, _labelled(search, saved, how), _options_for(search, saved),
-                   reference_check=check)
+    solution = _labelled(search, saved, how)
+    # The "ilp_graph" solver returns a saved set without a min cut: say so, not "inputs only".
+    label = (f"whole-graph MILP, {how}"
+             if solution is None and frozenset(saved) != frozenset(node_info.inputs) else None)
+    return _Choice(saved, solution, _options_for(search, saved), reference_check=check,
+                   label=label)
 
 
 def partition_with_report(
@@ -325,6 +330,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
         peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
         reference_check=choice.reference_check)
+    if choice.label is not None:
+        report = dataclasses.replace(report, solver=choice.label)
     log_report(report)
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)
