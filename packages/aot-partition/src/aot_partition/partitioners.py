@@ -248,11 +248,11 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     how = f"{search.solver} budget"
     if check is not None and not check.kept_ours:
         how += f", the {check.chosen} cut (reference check)"
-    solution = _labelled(search, saved, how)
+    chosen_by = _labelled(search, saved, how)
     # The "ilp_graph" solver returns a saved set without a min cut: say so, not "inputs only".
     label = (f"whole-graph MILP, {how}"
-             if solution is None and frozenset(saved) != frozenset(node_info.inputs) else None)
-    return _Choice(saved, solution, _options_for(search, saved), reference_check=check,
+             if chosen_by is None and frozenset(saved) != frozenset(node_info.inputs) else None)
+    return _Choice(saved, chosen_by, _options_for(search, saved), reference_check=check,
                    label=label)
 
 
