@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import gc
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -213,15 +214,6 @@ def _choose_under_caps(search: BudgetSearch, config: PartitionConfig,
     return _Choice(saved, solution, _options_for(search, saved), nbytes, simulated)
 
 
-def _simulator(joint_module: fx.GraphModule, num_fwd_outputs: int,
-               static_lifetime_input_indices: Sequence[int] | None,
-               estimator: str | None = None) -> SimulatedPeak:
-    """A simulator of this joint's cuts (nothing is simulated until a cut is measured)."""
-    static = (None if static_lifetime_input_indices is None
-              else tuple(static_lifetime_input_indices))
-    return SimulatedPeak(joint_module, num_fwd_outputs, static, estimator)
-
-
 def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: float,
                          config: PartitionConfig, peak: SimulatedPeak | None,
                          simulator: Callable[[str], SimulatedPeak]) -> _Choice:
@@ -311,10 +303,10 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         return fw_module, bw_module, PartitionReport(
             [], [], {}, budget, 0, "none", config=config,
             memory_budget_bytes=config.memory_budget_bytes, peak_bytes=config.peak_bytes)
-    def simulator(estimator: str | None = None) -> SimulatedPeak:
-        return _simulator(joint_module, num_fwd_outputs, static_lifetime_input_indices,
-                          estimator)
-
+    # Simulators of this joint's cuts, by estimator (nothing runs until a cut is measured).
+    static = (None if static_lifetime_input_indices is None
+              else tuple(static_lifetime_input_indices))
+    simulator = functools.partial(SimulatedPeak, joint_module, num_fwd_outputs, static)
     peak = simulator(config.runtime_estimator) if config.peak_bytes is not None else None
     choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
@@ -324,14 +316,12 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     fw_module = make_graph_module(joint_module, cut.fw)
     bw_module = make_graph_module(joint_module, cut.bw)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,
-                          budget, cut.replayed)
+                          budget, cut.replayed, solver=choice.label)
     report = dataclasses.replace(
         report, active_rules=active_rule_names(choice.options), config=config,
         memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
         peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
         reference_check=choice.reference_check)
-    if choice.label is not None:
-        report = dataclasses.replace(report, solver=choice.label)
     log_report(report)
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)

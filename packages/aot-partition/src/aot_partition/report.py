@@ -121,9 +121,11 @@ def _decision(node: fx.Node, decision: str, reason: str) -> NodeDecision:
 def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
                  bw_module: fx.GraphModule, node_info: NodeInfo,
                  solution: MinCutSolution | None, memory_budget: float,
-                 replayed: list[str] | None = None) -> PartitionReport:
+                 replayed: list[str] | None = None, *, solver: str | None = None
+                 ) -> PartitionReport:
     """``replayed``: names of the random ops the backward recomputes on the forward's RNG
-    state (their states are saved too, and counted in ``saved_bytes``)."""
+    state (their states are saved too, and counted in ``saved_bytes``). ``solver`` names what
+    chose the saved values when no min cut did (default "inputs only")."""
     banned = solution.banned if solution is not None else {}
     replayed_set = set(replayed or ())
     saved = [_decision(n, SAVED, _saved_reason(n, banned, solution))
@@ -153,7 +155,7 @@ def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
         banned={n.name: why for n, why in banned.items()},
         memory_budget=memory_budget,
         saved_bytes=saved_bytes,
-        solver=solution.solver if solution is not None else "inputs only",
+        solver=solution.solver if solution is not None else solver or "inputs only",
         notes=notes,
     )
 

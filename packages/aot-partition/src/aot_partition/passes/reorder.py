@@ -64,7 +64,8 @@ def _getitems_after_their_tuple(new_order: list[fx.Node]) -> list[fx.Node]:
     kept = set(new_order)
     getitems = {node: [u for u in node.users if u.target is operator.getitem and u in kept]
                 for node in new_order
-                if any(u.target is operator.getitem for u in node.users)}
+                if node.op == "call_function"
+                and any(u.target is operator.getitem for u in node.users)}
     if not getitems:
         return new_order
     moved = {g for found in getitems.values() for g in found}
