@@ -8,10 +8,14 @@ ratios ours/torch. A second table times ``dp_knapsack`` against torch's on 500 i
 (``recompute_correctness.py``) checks a dropout MLP and a batch-norm CNN against eager at
 budgets 1.0 / 0.5 / 0.0 with both partitioners, with saved bytes and RNG-state bytes.
 
-Two settings (``--graph-modules``): ``lazy`` is how torch.compile runs a partitioner (Dynamo's
+Three settings (``--graph-modules``): ``lazy`` is how torch.compile runs a partitioner (Dynamo's
 ``use_lazy_graph_module``, on by default: the joint and the modules built from it generate
-their Python code on first use, which Inductor never asks for); ``eager`` is a direct
-``aot_function`` call, where every GraphModule built or recompiled generates its code at once.
+their Python code on first use, which Inductor never asks for); ``direct`` is a direct
+``aot_function`` call with our defaults (our modules generate their code on first use, flag
+``lazy_partition_modules``; torch's generate it when built); ``eager`` is a direct call where
+ours also generates the code when built (the flag off), as torch does: the same work on both
+sides. Torch's rows are the same in ``direct`` and ``eager``; with both asked for, torch is
+timed once and its rows shown under both.
 Each timed run starts after ``gc.collect()``, so a collection owed by the previous run's
 garbage is not billed to the next one.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import gc
 import json
@@ -94,7 +99,7 @@ class Row:
     nodes: int
     budget: float
     partitioner: str          # "ours", "torch", "ours:<solver>"
-    graph_modules: str        # "lazy" (as inside torch.compile) or "eager"
+    graph_modules: str        # "lazy" (as inside torch.compile), "direct" or "eager"
     seconds: float
     saved_bytes: int
     saved_tensors: int
@@ -149,7 +154,8 @@ def run_partitioner(joint: Joint, budget: float, who: str, repeats: int,
             module = _LazyGraphModule(module, module.graph)
         gc.collect()
         with _use_lazy_graph_module(lazy):
-            fw, bw, seconds = _timed_partition(module, joint, budget, who, solver)
+            fw, bw, seconds = _timed_partition(module, joint, budget, who, solver,
+                                               code_on_first_use=graph_modules != "eager")
         times.append(seconds)
     assert fw is not None and bw is not None
     nbytes, count = saved_tensors(fw, joint.num_fwd_outputs)
@@ -158,8 +164,8 @@ def run_partitioner(joint: Joint, budget: float, who: str, repeats: int,
                statistics.median(times), nbytes, count, recompute)
 
 
-def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: str, solver: str
-                     ) -> tuple[fx.GraphModule, fx.GraphModule, float]:
+def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: str, solver: str,
+                     code_on_first_use: bool) -> tuple[fx.GraphModule, fx.GraphModule, float]:
     if who == "torch":
         with torch_config.patch(activation_memory_budget=budget):
             start = time.perf_counter()
@@ -170,6 +176,7 @@ def _timed_partition(module: fx.GraphModule, joint: Joint, budget: float, who: s
         # the times compare the same work.
         with functorch_config.patch(activation_memory_budget=budget,
                                     activation_memory_budget_solver=solver,
+                                    lazy_partition_modules=code_on_first_use,
                                     activation_memory_budget_runtime_estimator=(
                                         torch_config.activation_memory_budget_runtime_estimator)):
             start = time.perf_counter()
@@ -212,8 +219,9 @@ def markdown(rows: list[Row], knap: list[dict[str, Any]], meta: dict[str, Any]) 
         f"Machine: {meta['machine']}; torch {meta['torch']}; {meta['date']}; "
         f"median of {meta['repeats']} runs on fresh copies of each joint graph.",
         "Recompute FLOPs = FLOPs(forward graph + backward graph) - FLOPs(joint graph).",
-        "Graph modules: `lazy` as inside torch.compile (code generated on first use), `eager` "
-        "as in a direct aot_function call.",
+        "Graph modules: `lazy` as inside torch.compile (code generated on first use); `direct` "
+        "a direct aot_function call with defaults (ours: code on first use, torch: at build); "
+        "`eager` a direct call with code generated at build on both sides.",
         "",
         "| model | nodes | budget | graph modules | partitioner | time s | saved bytes | "
         "saved tensors | recompute GFLOP | time ours/torch | bytes ours/torch | "
@@ -277,9 +285,11 @@ def main(argv: list[str] | None = None) -> int:
                              f"of those), or also {', '.join(EXTRA_MODELS)}")
     parser.add_argument("--solvers", default="dp_graph,ilp_graph",
                         help="extra budget solvers of ours to run besides the default 'dp'")
-    parser.add_argument("--graph-modules", default="lazy,eager",
+    parser.add_argument("--graph-modules", default="lazy,direct,eager",
                         help="comma-separated settings to time: lazy (as in torch.compile), "
-                             "eager (a direct aot_function call); extra solvers run in the first")
+                             "direct (a direct aot_function call, our defaults), eager (a "
+                             "direct call, code generated at build on both sides); extra "
+                             "solvers run in the first")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.smoke:
@@ -289,10 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         budgets, repeats = BUDGETS, args.repeats
         extra = [s for s in args.solvers.split(",") if s]
     modes = [m for m in args.graph_modules.split(",") if m]
-    if not modes or set(modes) - {"lazy", "eager"}:
-        parser.error(f"--graph-modules takes lazy and/or eager, got {args.graph_modules!r}")
-    if args.smoke:
-        modes = modes[:1]
+    if not modes or set(modes) - {"lazy", "direct", "eager"}:
+        parser.error(f"--graph-modules takes lazy, direct and/or eager, got "
+                     f"{args.graph_modules!r}")
 
     rows: list[Row] = []
     jobs = []
@@ -300,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         joint = capture_joint(label, spec)
         for mode in modes:
             for budget in budgets:
-                whos = ["torch", "ours"]
+                # Torch does the same work in "direct" and "eager": time it once.
+                shared = mode == "direct" and "eager" in modes
+                whos = ["ours"] if shared else ["torch", "ours"]
                 if budget < 1.0 and mode == modes[0]:
                     whos += [f"ours:{s}" for s in extra if s != "ilp_graph"
                              or len(joint.module.graph.nodes) <= ILP_GRAPH_MAX_NODES]
@@ -308,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     for joint, budget, who, mode in tqdm(jobs, desc="partitioning", file=sys.stderr):
         reps = 1 if who.startswith("ours:") else repeats
         rows.append(run_partitioner(joint, budget, who, reps, mode))
+    if "direct" in modes and "eager" in modes:
+        rows += [dataclasses.replace(r, graph_modules="direct") for r in list(rows)
+                 if r.partitioner == "torch" and r.graph_modules == "eager"]
+        model_order = list(dict.fromkeys(r.model for r in rows))
+        rows.sort(key=lambda r: (model_order.index(r.model), modes.index(r.graph_modules),
+                                 -r.budget, r.partitioner != "torch"))
 
     knap = knapsack_rows(500 if not args.smoke else 100, 1 if args.smoke else 5)
     correct = (correctness_rows(("bn-cnn",), (0.5,)) if args.smoke else correctness_rows())

@@ -44,7 +44,8 @@ FUNCTORCH_SEED = {
 FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save": True,
                     "activation_memory_budget_runtime_estimator": "roofline",
                     "activation_memory_budget_reference_estimator": "flops",
-                    "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None}
+                    "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None,
+                    "lazy_partition_modules": True}
 
 # torch/_dynamo/config.py (seed 001), without the values that depend on the machine.
 DYNAMO_SEED = {

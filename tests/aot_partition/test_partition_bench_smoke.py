@@ -19,7 +19,13 @@ def test_smoke_run_writes_json_markdown_and_png(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "partition_bench.json").read_text())
-    rows = {row["partitioner"]: row for row in result["rows"]}
+    by_mode: dict = {}
+    for row in result["rows"]:
+        by_mode.setdefault(row["graph_modules"], {})[row["partitioner"]] = row
+    assert list(by_mode) == ["lazy", "direct", "eager"]
+    # Torch does the same work in a direct call as in "eager": timed once, shown in both.
+    assert by_mode["direct"]["torch"] == dict(by_mode["eager"]["torch"], graph_modules="direct")
+    rows = by_mode["lazy"]
     assert {"torch", "ours"} <= set(rows)
     for row in rows.values():
         assert row["budget"] == 0.5 and row["seconds"] > 0 and row["saved_bytes"] > 0

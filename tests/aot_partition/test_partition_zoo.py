@@ -94,9 +94,11 @@ def test_partitioners_accept_static_lifetime_input_indices(capture):
 
 @pytest.mark.parametrize("lazy", [False, True])
 def test_module_class_follows_torch_lazy_setting(lazy, capture):
-    """Inside torch.compile (lazy graph modules on) ours returns lazy modules, whose code is
-    generated on first use, as torch's forward is (torch rebuilds its backward as a plain
-    GraphModule when reordering it); elsewhere plain GraphModules. Same graphs either way."""
+    """Inside torch.compile (lazy graph modules on) ours returns torch's lazy modules, whose
+    code is generated on first use, as torch's forward is (torch rebuilds its backward as a
+    plain GraphModule when reordering it); elsewhere our scriptable CodeOnFirstUseGraphModule
+    (test_graph_modules.py), where torch returns plain GraphModules. Same graphs either way."""
+    from aot_partition.graph_modules import CodeOnFirstUseGraphModule
     from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 
     case = make_case("gpt")
@@ -106,7 +108,8 @@ def test_module_class_follows_torch_lazy_setting(lazy, capture):
             joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
         theirs = torch_partitioners.min_cut_rematerialization_partition(
             joint.fresh(), joint.inputs, num_fwd_outputs=joint.num_fwd_outputs)
-    assert [isinstance(gm, _LazyGraphModule) for gm in ours] == [lazy, lazy]
+    expected_class = _LazyGraphModule if lazy else CodeOnFirstUseGraphModule
+    assert [type(gm).__mro__[1] for gm in ours] == [expected_class, expected_class]
     assert isinstance(theirs[0], _LazyGraphModule) == lazy
     fw, bw = ours
     eager_fw, eager_bw = min_cut_rematerialization_partition(

@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.experimental import symbolic_shapes
 
 # torch 2.13 renamed ``hint_int`` to ``optimization_hint``; 2.11 has only the old name. Both
@@ -34,14 +33,6 @@ def saved_output_desc_type() -> type | None:
     except ImportError:  # pragma: no cover
         return None
     return SavedForBackwardsAOTOutput
-
-
-def make_graph_module(root: torch.nn.Module, graph: torch.fx.Graph) -> torch.fx.GraphModule:
-    """A GraphModule of the class torch would build here: lazy (code generated on first use)
-    inside torch.compile, whose ``use_lazy_graph_module`` setting picks it, eager elsewhere.
-
-    Generating Python code for a 5,000-node graph takes ~0.1 s; Inductor never needs it."""
-    return _make_graph_module(root, graph)
 
 
 @contextlib.contextmanager

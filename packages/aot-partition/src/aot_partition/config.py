@@ -54,6 +54,7 @@ _FLAG_OF_FIELD = {
     "max_dist_from_bw": "max_dist_from_bw",
     "treat_parameters_as_free_to_save": "treat_parameters_as_free_to_save",
     "cse": "cse",
+    "lazy_modules": "lazy_partition_modules",
     "min_cut_solver": "min_cut_solver",
     "memory_budget": "activation_memory_budget",
     "memory_budget_bytes": "activation_memory_budget_bytes",
@@ -76,6 +77,8 @@ class PartitionConfig:
     max_dist_from_bw: int = 1000
     treat_parameters_as_free_to_save: bool = True
     cse: bool = True
+    # The returned modules generate their Python code on first use (graph_modules.py).
+    lazy_modules: bool = True
     min_cut_solver: str = "scipy"
     memory_budget: float = 1.0
     memory_budget_bytes: int | None = None

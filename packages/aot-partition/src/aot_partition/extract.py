@@ -24,7 +24,8 @@ from torch.fx.experimental.symbolic_shapes import (
     is_symbol_binding_fx_node,
 )
 
-from ._compat import make_graph_module, saved_output_descs
+from ._compat import saved_output_descs
+from .graph_modules import make_graph_module
 from .joint import (
     PLAIN_LEAVES,
     check_topological_order,
@@ -231,15 +232,18 @@ def extract_forward_backward(
     saved_sym_nodes: list[fx.Node],
     *,
     num_fwd_outputs: int,
+    lazy_modules: bool = True,
 ) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node], list[fx.Node]]:
     """(forward, backward, final saved tensors, final saved symbolic scalars).
 
     Saved values the backward never reads are dropped; backward state goes straight to the
     backward; tensors flagged ``saved_tensor_with_no_vc_check`` are placed last.
+    ``lazy_modules``: the modules generate their code on first use (graph_modules.py).
     """
     fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
         joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
-    return (make_graph_module(joint_module, fw_graph), make_graph_module(joint_module, bw_graph),
+    return (make_graph_module(joint_module, fw_graph, code_on_first_use=lazy_modules),
+            make_graph_module(joint_module, bw_graph, code_on_first_use=lazy_modules),
             saved_values, saved_sym_nodes)
 
 

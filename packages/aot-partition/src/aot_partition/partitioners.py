@@ -21,7 +21,6 @@ from typing import Any
 
 import torch.fx as fx
 
-from ._compat import make_graph_module
 from .budget import BudgetSearch, validate_memory_budget
 from .caps import (
     Cap,
@@ -38,6 +37,7 @@ from .caps import (
 from .classify import NodeInfo, classify
 from .config import PartitionConfig
 from .extract import default_saved_values, extract_forward_backward
+from .graph_modules import make_graph_module
 from .pareto import sweep, write_pareto_png
 from .passes import has_recomputable_ops
 from .policy import MinCutOptions, active_rule_names
@@ -81,9 +81,11 @@ def default_partition(
             joint_module, num_fwd_outputs=num_fwd_outputs,
             static_lifetime_input_indices=static_lifetime_input_indices, config=config)
         return fw_module, bw_module
+    config = config if config is not None else PartitionConfig.from_flags()
     saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
     fw_module, bw_module, _, _ = extract_forward_backward(
-        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
+        lazy_modules=config.lazy_modules)
     return fw_module, bw_module
 
 
@@ -299,7 +301,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         # Nothing needs a backward: the default split is exact and the network would be empty.
         saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
         fw_module, bw_module, _, _ = extract_forward_backward(
-            joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+            joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
+            lazy_modules=config.lazy_modules)
         return fw_module, bw_module, PartitionReport(
             [], [], {}, budget, 0, "none", config=config,
             memory_budget_bytes=config.memory_budget_bytes, peak_bytes=config.peak_bytes)
@@ -313,8 +316,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     # generation per module).
     cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
-    fw_module = make_graph_module(joint_module, cut.fw)
-    bw_module = make_graph_module(joint_module, cut.bw)
+    fw_module = make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules)
+    bw_module = make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,
                           budget, cut.replayed, solver=choice.label)
     report = dataclasses.replace(
