@@ -48,7 +48,14 @@ def test_accumulate_grad_is_moved_up_next_to_its_gradient(recorder):
     assert min(positions) < last_aten
 
 
-@pytest.mark.parametrize("name", ["mlp", "gpt"])
+@pytest.mark.parametrize("name", [
+    "mlp",
+    pytest.param("gpt", marks=pytest.mark.xfail(
+        torch.__version__.startswith("2.11"), strict=True, raises=RuntimeError,
+        reason="torch 2.11: a direct aot_module forward of the GPT under compiled autograd "
+               "fails with 'Attempting to use FunctionalTensor on its own', with plain "
+               "modules too (lazy_partition_modules=False); not caused by lazy modules")),
+])
 def test_direct_aot_forward_with_code_on_first_use_modules(name, compare_backward, recorder):
     """A direct aot_module call (no Dynamo) with our partitioner returns modules that generate
     their code on first use; the captured backward still matches eager."""
