@@ -346,3 +346,36 @@ def test_batch_norm_net_saves_no_more_than_torch_below_budget(budget, monkeypatc
         # The rule must not fire here: some batch norm is recomputed in the backward.
         assert any("_native_batch_norm_legit_functional" in str(node.target)
                    for node in bw.graph.nodes)
+
+
+# transformers' GPT-2 and Llama need Dynamo (a direct trace stops at data-dependent code).
+@pytest.mark.parametrize("name", ["hf_vit", "tv_resnet18"])
+def test_direct_aot_module_with_code_on_first_use_modules(name: str) -> None:
+    """A direct aot_module call (no Dynamo) at budget 0.5: our partitioner's modules have no
+    code when returned; three steps (dropout on, batch-norm statistics moving) each match
+    eager's, and the joint is partitioned once."""
+    from aot_partition.graph_modules import CodeOnFirstUseGraphModule, has_generated_code
+    from functorch.compile import aot_module, make_boxed_func
+
+    built: list[fx.GraphModule] = []
+
+    def partition(joint, inputs, **kwargs):
+        fw, bw = aot_partition.min_cut_rematerialization_partition(joint, inputs, **kwargs)
+        assert not has_generated_code(fw) and not has_generated_code(bw)
+        built.extend((fw, bw))
+        return fw, bw
+
+    def nop(gm, _example_inputs):
+        return make_boxed_func(gm)
+
+    eager, compiled = build(name), build(name)
+    call = aot_module(compiled.module, fw_compiler=nop, bw_compiler=nop, partition_fn=partition)
+    with functorch_flags.patch(activation_memory_budget=0.5):
+        for _ in range(3):
+            want = run_step(eager.module, eager.kwargs)
+            assert_same_step(run_step(compiled.module, compiled.kwargs, call=call), want)
+    assert len(built) == 2 and all(isinstance(m, CodeOnFirstUseGraphModule) for m in built)
+    assert has_generated_code(built[0])  # the forward ran: its code was made on first use
+    # AOTAutograd hands the backward compiler a deep copy of the backward module: the code of
+    # the module a partitioner returns is never used (torch's plain module generates it anyway).
+    assert not has_generated_code(built[1])

@@ -232,7 +232,7 @@ def extract_forward_backward(
     saved_sym_nodes: list[fx.Node],
     *,
     num_fwd_outputs: int,
-    lazy_modules: bool = True,
+    lazy_modules: bool,
 ) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node], list[fx.Node]]:
     """(forward, backward, final saved tensors, final saved symbolic scalars).
 
