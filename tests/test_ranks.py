@@ -1,0 +1,18 @@
+"""The real-ranks helper itself: results come back in rank order, a raise and a hang fail."""
+
+import pytest
+from ranks import RanksFailed, run_ranks
+
+
+def test_results_in_rank_order_after_a_real_all_reduce():
+    assert run_ranks("rank_cases:all_reduce_rank", world_size=2, timeout=120) == [1.0, 1.0]
+
+
+def test_a_rank_that_raises_fails_with_its_traceback():
+    with pytest.raises(RanksFailed, match=r"rank 1 of rank_cases:raise_on_rank_one raised:(.|\n)*boom"):
+        run_ranks("rank_cases:raise_on_rank_one", world_size=2, timeout=120)
+
+
+def test_a_hang_fails_within_the_timeout_instead_of_blocking():
+    with pytest.raises(RanksFailed, match="did not finish in 20 s"):
+        run_ranks("rank_cases:rank_zero_waits_alone", world_size=2, timeout=20)
