@@ -100,6 +100,42 @@ def _variant_list(text: str) -> list[str]:
     return variants
 
 
+def _model_name(text: str) -> str:
+    """A built-in model's name, or a factory target with a ':' (checked when it is built)."""
+    if text in MODEL_NAMES or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a built-in model ({', '.join(MODEL_NAMES)}) nor a factory "
+        "'package.module:function' / 'path/to/file.py:function'")
+
+
+def _key_values(text: str) -> dict[str, Any]:
+    from .user_models import parse_key_values
+
+    try:
+        return parse_key_values(text, "--hf-config")
+    except PipelineOptionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def model_spec(args: argparse.Namespace) -> Any:
+    """The ``ModelSpec`` the model arguments name."""
+    from .user_models import ModelSpec
+
+    inputs = tuple(args.inputs)
+    for source in ("hf", "torchvision", "timm", "exported"):
+        name = getattr(args, source, None)
+        if name is not None:
+            return ModelSpec(source, str(name), config=args.model_config, inputs=inputs)
+    if args.model in MODEL_NAMES:
+        if args.model_config or inputs:
+            raise UsageError("--hf-config/--model-config and --input are for your own model "
+                             f"(--model package.module:factory, --hf, ...), not the built-in "
+                             f"{args.model!r}")
+        return ModelSpec("builtin", args.model, layers=args.layers)
+    return ModelSpec("factory", args.model, config=args.model_config, inputs=inputs)
+
+
 def _output_file(suffix: str | None) -> Any:
     """An argparse type for a file the command writes at the end: checked before any work.
 
@@ -138,12 +174,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def model_args(sub: argparse.ArgumentParser, default_layers: int) -> None:
-        sub.add_argument("--model", choices=MODEL_NAMES, default="gpt",
-                         help="built-in tiny model (default gpt)")
-        sub.add_argument("--layers", type=_layers, default=default_layers,
-                         help=f"layers/blocks of the model, 1 to {MAX_LAYERS} "
-                              f"(default {default_layers})")
+    def model_args(sub: argparse.ArgumentParser, default_layers: int,
+                   exported: bool = False) -> None:
+        source = sub.add_argument_group(
+            "model", "a built-in model (default gpt), or your own: one of --model "
+                     "package.module:factory, --hf, --torchvision, --timm"
+                     + (", --exported" if exported else ""))
+        choice = source.add_mutually_exclusive_group()
+        choice.add_argument("--model", type=_model_name, default="gpt",
+                            help=f"a built-in tiny model ({', '.join(MODEL_NAMES)}; default "
+                                 "gpt) or a factory 'package.module:function' or "
+                                 "'path/to/file.py:function' returning a module, or (module, "
+                                 "inputs)")
+        choice.add_argument("--hf", metavar="MODEL_TYPE",
+                            help="a transformers architecture (an AutoConfig.for_model name "
+                                 "such as gpt2, llama, vit) from a config, random weights")
+        choice.add_argument("--torchvision", metavar="NAME",
+                            help="a torchvision model by name (resnet18, ...), random weights")
+        choice.add_argument("--timm", metavar="NAME",
+                            help="a timm model by name (vit_tiny_patch16_224, ...), random "
+                                 "weights")
+        if exported:
+            choice.add_argument("--exported", type=Path, metavar="FILE.pt2",
+                                help="a program saved by torch.export.save; its example inputs")
+        source.add_argument("--hf-config", "--model-config", dest="model_config",
+                            type=_key_values, default={}, metavar="K=V,...",
+                            help="config overrides for --hf (n_layer=2,n_embd=128), or keyword "
+                                 "arguments of the factory / torchvision / timm constructor")
+        source.add_argument("--input", dest="inputs", action="append", default=[],
+                            metavar="SHAPE[:DTYPE[:HIGH]]",
+                            help="an example input such as 2x128:int64:50257 (repeat for "
+                                 "several); needed when a factory returns only a module")
+        source.add_argument("--layers", type=_layers, default=default_layers,
+                            help=f"layers/blocks of a built-in model, 1 to {MAX_LAYERS} "
+                                 f"(default {default_layers})")
 
     train = commands.add_parser(
         "train", help="train eager, inductor and aot_pipeline side by side and compare")
@@ -169,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     pareto = commands.add_parser(
         "pareto", help="sweep the memory budget; plot the simulated peak against recompute, "
                        "ours and torch's")
-    model_args(pareto, 2)
+    model_args(pareto, 2, exported=True)
     pareto.add_argument("--output", type=_output_file(".png"), default=Path("pareto.png"),
                         help="PNG to write (default pareto.png)")
     pareto.add_argument("--budgets", type=_budget_list,
@@ -180,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     partition = commands.add_parser(
         "partition", help="show which activations are saved or recomputed, and why")
-    model_args(partition, 1)
+    model_args(partition, 1, exported=True)
     partition.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
                            help="activation memory budget: a fraction in [0, 1] (default 1.0) "
                                 "or a cap on saved activation bytes such as 300MiB")
@@ -193,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         args = build_parser().parse_args(argv)
+        args.spec = model_spec(args)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
         return {"train": _train, "pareto": _pareto, "partition": _partition}[args.command](args)
@@ -208,12 +273,13 @@ def _train(args: argparse.Namespace) -> int:
     check_device(args.device)
     variants = args.variants
     settings = TrainSettings(
-        model=args.model, layers=args.layers, steps=args.steps, memory_budget=args.memory_budget,
+        model=args.spec.label, layers=args.layers, steps=args.steps,
+        memory_budget=args.memory_budget, model_spec=args.spec,
         solver=args.solver, compiler=args.compiler, compiled_autograd=args.compiled_autograd,
         device=args.device, variants=variants,
     )
     results = train_all(settings, progress=not args.no_progress)
-    print(f"{args.model} ({args.layers} layers), {args.steps} steps on {args.device}; ours: "
+    print(f"{args.spec.label}, {args.steps} steps on {args.device}; ours: "
           f"memory budget {args.memory_budget}, solver {args.solver}, compiler {args.compiler}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")
     print(train_table(results))
@@ -224,12 +290,24 @@ def _train(args: argparse.Namespace) -> int:
     return 0 if all(r.matches_eager is not False for r in results) else 1
 
 
-def _joint(args: argparse.Namespace) -> Any:
-    from .joint import trace_joint
-    from .models import build_model
+def _joints(args: argparse.Namespace) -> list[Any]:
+    """The joint graphs of the model: one for a built-in model (a direct trace, readable
+    names); for the user's model, each graph ``torch.compile`` partitions (Dynamo capture)."""
+    from .joint import trace_joint, trace_joints_compiled
+    from .user_models import UserModelError
 
-    built = build_model(args.model, layers=args.layers)
-    return trace_joint(built.module, built.make_inputs())
+    built = args.spec.build()
+    if args.spec.source == "builtin":
+        return [trace_joint(built.module, built.make_inputs())]
+    try:
+        return trace_joints_compiled(built.module, built.make_inputs())
+    except Exception as error:
+        raise UserModelError(f"{args.spec.label}: torch.compile could not trace it: "
+                             f"{type(error).__name__}: {str(error).strip()[:300]}") from error
+
+
+def _graph_label(args: argparse.Namespace, index: int, count: int) -> str:
+    return args.spec.label + (f", graph {index + 1} of {count}" if count > 1 else "")
 
 
 def _pareto(args: argparse.Namespace) -> int:
@@ -238,13 +316,16 @@ def _pareto(args: argparse.Namespace) -> int:
 
     budgets = list(args.budgets if args.budgets is not None else DEFAULT_BUDGETS)
     estimator = PartitionConfig.from_flags().runtime_estimator
-    joint = _joint(args)
+    joints = _joints(args)
+    # Several graphs (graph breaks): sweep the largest, where the budget matters most.
+    index = max(range(len(joints)), key=lambda i: len(joints[i].module.graph.nodes))
+    joint, label = joints[index], _graph_label(args, index, len(joints))
     points = memory_budget_pareto(joint.module, joint.inputs,
                                   num_fwd_outputs=joint.num_fwd_outputs, budgets=budgets,
                                   progress=_progress(args, "ours"))
     theirs = None if args.no_torch else _torch_front(joint, budgets, estimator,
                                                      _progress(args, "torch"))
-    print(f"{args.model} ({args.layers} layers): memory against recompute over budgets")
+    print(f"{label}: memory against recompute over budgets")
     print(_pareto_table(points, theirs))
     print("memory ratio: saved bytes between 0 (the least-memory cut, budget 0) and 1 (the "
           "runtime-optimal cut); recompute runtime: the knapsack's estimate of what the backward "
@@ -252,11 +333,11 @@ def _pareto(args: argparse.Namespace) -> int:
           f"recompute est.: {estimator} estimate of the forward ops the backward runs again "
           "(one formula for ours and torch's)")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    fronts: dict[str, Any] = {f"ours ({args.model})": points}
+    fronts: dict[str, Any] = {f"ours ({label})": points}
     if theirs:
         fronts["torch"] = theirs
     plot_peak_front(fronts, args.output, estimator=estimator,
-                    title=f"{args.model} ({args.layers} layers): simulated peak vs. recompute")
+                    title=f"{label}: simulated peak vs. recompute")
     print(f"wrote {args.output}")
     return 0
 
@@ -340,25 +421,27 @@ def _partition(args: argparse.Namespace) -> int:
 
     fraction, nbytes = (parse_memory_budget(args.memory_budget)
                         if isinstance(args.memory_budget, str) else (args.memory_budget, None))
-    joint = _joint(args)
-    with functorch_flags.patch(activation_memory_budget_solver=args.solver,
-                               activation_memory_budget_bytes=nbytes):
-        report = explain_partition(joint.module, joint.inputs,
-                                   num_fwd_outputs=joint.num_fwd_outputs,
-                                   memory_budget=fraction)
-    budget = (f"{args.memory_budget} ({nbytes} bytes of saved activations)" if nbytes is not None
-              else str(report.memory_budget))
-    print(f"{args.model} ({args.layers} layers), memory budget {budget} "
-          f"(knapsack solver {args.solver}; decided by {report.solver}): {len(report.saved)} saved "
-          f"({format_bytes(report.saved_bytes)}), {len(report.recomputed)} recomputed")
-    for title, decisions in (("saved for backward", report.saved),
-                             ("recomputed in backward", report.recomputed)):
-        print(f"\n{title}:")
-        print(format_table(["node", "op", "bytes", "why"],
-                           [[d.name, d.op, d.nbytes, d.reason] for d in decisions]))
-    if report.banned:
-        print("\nbanned from recompute (must be saved if the backward needs them):")
-        print(format_table(["node", "reason"], sorted(report.banned.items())))
+    joints = _joints(args)
+    for index, joint in enumerate(joints):
+        with functorch_flags.patch(activation_memory_budget_solver=args.solver,
+                                   activation_memory_budget_bytes=nbytes):
+            report = explain_partition(joint.module, joint.inputs,
+                                       num_fwd_outputs=joint.num_fwd_outputs,
+                                       memory_budget=fraction)
+        budget = (f"{args.memory_budget} ({nbytes} bytes of saved activations)"
+                  if nbytes is not None else str(report.memory_budget))
+        print(f"{'' if index == 0 else chr(10)}{_graph_label(args, index, len(joints))}, "
+              f"memory budget {budget} (knapsack solver {args.solver}; decided by "
+              f"{report.solver}): {len(report.saved)} saved "
+              f"({format_bytes(report.saved_bytes)}), {len(report.recomputed)} recomputed")
+        for title, decisions in (("saved for backward", report.saved),
+                                 ("recomputed in backward", report.recomputed)):
+            print(f"\n{title}:")
+            print(format_table(["node", "op", "bytes", "why"],
+                               [[d.name, d.op, d.nbytes, d.reason] for d in decisions]))
+        if report.banned:
+            print("\nbanned from recompute (must be saved if the backward needs them):")
+            print(format_table(["node", "reason"], sorted(report.banned.items())))
     return 0
 
 

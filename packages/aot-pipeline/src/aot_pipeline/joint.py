@@ -49,3 +49,41 @@ def trace_joint(module: nn.Module, inputs: Sequence[torch.Tensor]) -> JointGraph
         return captured.joint
     raise RuntimeError(
         f"{type(module).__name__} produced no joint graph: no output requires grad")
+
+
+def trace_joints_compiled(module: nn.Module, inputs: Sequence[torch.Tensor]) -> list[JointGraph]:
+    """The joint graphs of ``module(*inputs)`` as ``torch.compile`` hands them to a partitioner:
+    Dynamo captures the model (tied weights, Python control flow and graph breaks included,
+    which a direct ``aot_module`` trace of library models cannot take), and each graph's joint
+    is recorded, in the order compiled. Needed for users' models; the built-in ones use
+    ``trace_joint``."""
+    import copy
+
+    from aot_compilers import nop
+    from aot_partition import default_partition
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    joints: list[JointGraph] = []
+
+    def record(joint_module: fx.GraphModule, joint_inputs: Sequence[Any], *,
+               num_fwd_outputs: int, **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+        with unset_fake_temporarily():  # the joint may hold real tensor constants
+            joints.append(JointGraph(copy.deepcopy(joint_module), list(joint_inputs),
+                                     num_fwd_outputs))
+        return default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                 **kwargs)
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=nop, bw_compiler=nop,
+                                     partition_fn=record)
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(module, backend=backend)(*inputs)
+    finally:
+        torch._dynamo.reset()
+    if not joints:
+        raise RuntimeError(
+            f"{type(module).__name__} produced no joint graph: no output requires grad")
+    return joints

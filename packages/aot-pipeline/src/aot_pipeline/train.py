@@ -1,4 +1,4 @@
-"""Train a built-in model the same way three times: eager, ``backend="inductor"``, and ours.
+"""Train a model (built-in or the user's) the same way three times: eager, ``backend="inductor"``, and ours.
 
 Each run builds the model afresh from the same seed and feeds the same synthetic batches, so the
 losses of the three runs must agree up to float rounding. Each run records:
@@ -29,9 +29,10 @@ from torch import nn
 
 from . import _compat
 from .model_names import VARIANTS
-from .models import BuiltModel, build_model
+from .models import BuiltModel
 from .options import PipelineOptionError, PipelineOptions
 from .recording import PartitionRecorder
+from .user_models import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,12 @@ class TrainSettings:
     compiled_autograd: bool = False
     device: str = "cpu"
     variants: Sequence[str] = field(default_factory=lambda: VARIANTS)
+    # The model to build (a user's model, see user_models.ModelSpec); None: built-in ``model``.
+    model_spec: ModelSpec | None = None
+
+    def build(self, device: torch.device) -> BuiltModel:
+        spec = self.model_spec or ModelSpec("builtin", self.model, layers=self.layers)
+        return spec.build(device)
 
     def pipeline_options(self) -> PipelineOptions:
         return PipelineOptions(memory_budget=self.memory_budget, solver=self.solver,
@@ -159,7 +166,7 @@ def train_variant(variant: str, settings: TrainSettings, progress: bool = True) 
     if settings.steps < 1:
         raise PipelineOptionError(f"steps must be >= 1, got {settings.steps}")
     torch._dynamo.reset()  # each variant compiles from scratch, with its own back end
-    built = build_model(settings.model, layers=settings.layers, device=device)
+    built = settings.build(device)
     runner = _Runner(variant, built, settings)
     optimizer = torch.optim.SGD(built.module.parameters(), lr=LEARNING_RATE)
     losses: list[float] = []

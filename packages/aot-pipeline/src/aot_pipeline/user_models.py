@@ -1,0 +1,364 @@
+"""The user's own model for the command line: a factory, a transformers / torchvision / timm
+architecture built from a config with random weights, or a saved ``torch.export`` program.
+
+Each source becomes a ``ModelSpec``: plain data the CLI fills from its arguments (so it can be
+printed and written to JSON), whose ``build(device)`` gives the ``BuiltModel`` every command
+runs. Nothing is downloaded: transformers models come from ``AutoConfig.for_model`` and
+``from_config``, torchvision and timm ones with ``weights=None`` / ``pretrained=False``.
+
+Every failure (a module that does not import, a factory that raises or returns the wrong thing,
+an unknown architecture, an unreadable ``.pt2``) is one ``UserModelError`` naming the source and
+what would be valid.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .models import BuiltModel, build_model
+from .options import PipelineOptionError
+
+__all__ = [
+    "ModelSpec",
+    "UserModelError",
+    "load_factory",
+    "parse_input_specs",
+    "parse_key_values",
+]
+
+SOURCES = ("builtin", "factory", "hf", "torchvision", "timm", "exported")
+# Inputs for the architectures built by name (the shapes a small config accepts).
+HF_BATCH, HF_SEQ = 2, 16
+VISION_BATCH = 2
+_DTYPES = {name: getattr(torch, name) for name in (
+    "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+    "bool")} | {"float": torch.float32, "long": torch.int64, "int": torch.int32,
+                "half": torch.float16, "double": torch.float64}
+_MAX_INPUT_ELEMENTS = 1 << 28
+
+
+class UserModelError(PipelineOptionError):
+    """The user's model could not be built; the message names the source."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a command's model comes from.
+
+    ``source``: ``builtin`` (``name`` in the built-in models, ``layers``), ``factory``
+    (``name`` = ``package.module:function`` or ``path/to/file.py:function``), ``hf``
+    (``name`` = a ``transformers.AutoConfig.for_model`` model type, ``config`` its overrides),
+    ``torchvision`` / ``timm`` (``name`` an architecture, ``config`` constructor arguments) or
+    ``exported`` (``name`` the path of a ``torch.export.save``d program). ``inputs``: input
+    specs such as ``2x128:int64`` for a factory that returns only a module, or to replace an
+    architecture's default inputs.
+    """
+
+    source: str = "builtin"
+    name: str = "gpt"
+    layers: int | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        if self.source == "builtin":
+            return f"{self.name} ({self.layers} layers)" if self.layers else self.name
+        if self.source == "factory":
+            return self.name
+        return f"{self.source}:{self.name}"
+
+    def build(self, device: str | torch.device = "cpu", seed: int = 0) -> BuiltModel:
+        """The module and its inputs; weights drawn under ``torch.manual_seed(seed)``, so every
+        call gives the same model."""
+        if self.source == "builtin":
+            return build_model(self.name, layers=self.layers, device=device, seed=seed)
+        if self.source not in SOURCES:
+            raise UserModelError(f"unknown model source {self.source!r}; choose one of "
+                                 f"{', '.join(SOURCES)}")
+        torch.manual_seed(seed)
+        builder = {"factory": _from_factory, "hf": _from_transformers,
+                   "torchvision": _from_torchvision, "timm": _from_timm,
+                   "exported": _from_exported}[self.source]
+        module, inputs = builder(self)
+        if self.inputs:
+            inputs = parse_input_specs(self.inputs, seed=seed)
+        if not inputs:
+            raise UserModelError(f"{self.label} gave no example inputs; pass their shapes with "
+                                 "--input, e.g. --input 2x128:int64")
+        module = module.to(device)
+        placed = tuple(t.to(device) for t in inputs)
+        return BuiltModel(self.label, module, lambda: placed)
+
+
+# ---- factories ----------------------------------------------------------------------------
+
+def load_factory(target: str) -> Callable[[], Any]:
+    """The callable named by ``package.module:function`` or ``path/to/file.py:function``."""
+    module_name, sep, attribute = target.rpartition(":")
+    if not sep or not module_name or not attribute.isidentifier():
+        raise UserModelError(f"--model {target!r}: give a built-in model name or "
+                             "'package.module:factory' (or 'path/to/file.py:factory')")
+    try:
+        if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+            path = Path(module_name)
+            if not path.is_file():
+                raise UserModelError(f"--model {target!r}: no file {module_name!r}")
+            spec = importlib.util.spec_from_file_location(f"_aot_user_model_{path.stem}", path)
+            if spec is None or spec.loader is None:
+                raise UserModelError(f"--model {target!r}: {module_name!r} is not a Python file")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except UserModelError:
+        raise
+    except Exception as error:
+        raise UserModelError(f"--model {target!r}: importing {module_name!r} failed: "
+                             f"{type(error).__name__}: {_short(error)}") from error
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        raise UserModelError(f"--model {target!r}: {module_name!r} has no attribute "
+                             f"{attribute!r}")
+    if not callable(factory):
+        raise UserModelError(f"--model {target!r}: {attribute!r} is {_describe(factory)}, not "
+                             "a callable factory")
+    return factory
+
+
+def _from_factory(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    factory = load_factory(spec.name)
+    try:
+        made = factory(**dict(spec.config))
+    except Exception as error:
+        raise UserModelError(f"--model {spec.name!r}: the factory raised "
+                             f"{type(error).__name__}: {_short(error)}") from error
+    expected = ("it must return an nn.Module, or (module, inputs) with inputs a tensor or a "
+                "tuple of tensors")
+    if isinstance(made, nn.Module):
+        return made, ()
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], nn.Module):
+        module, inputs = made
+        if isinstance(inputs, torch.Tensor):
+            inputs = (inputs,)
+        if isinstance(inputs, (tuple, list)) and all(isinstance(t, torch.Tensor)
+                                                     for t in inputs):
+            return module, tuple(inputs)
+        raise UserModelError(f"--model {spec.name!r}: the factory's inputs are "
+                             f"{_describe(inputs)}; {expected}")
+    raise UserModelError(f"--model {spec.name!r}: the factory returned {_describe(made)}; "
+                         f"{expected}")
+
+
+# ---- architectures by name ----------------------------------------------------------------
+
+class _TensorOutput(nn.Module):
+    """A library model whose output is a dict-like or tuple: its first tensor (the logits or
+    the last hidden state), which the commands' loss reduces."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        out = self.model(*inputs)
+        if isinstance(out, torch.Tensor):
+            return out
+        items = out.values() if isinstance(out, Mapping) else out
+        for item in items:
+            if isinstance(item, torch.Tensor):
+                return item
+        raise TypeError(f"{type(self.model).__name__} returned no tensor")
+
+
+def _optional(package: str, flag: str) -> Any:
+    try:
+        return importlib.import_module(package)
+    except ImportError as error:
+        raise UserModelError(f"{flag} needs the {package!r} package ({error}); install it, "
+                             f"e.g. pip install {package}") from error
+
+
+def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    transformers = _optional("transformers", "--hf")
+    try:
+        config = transformers.AutoConfig.for_model(spec.name, **dict(spec.config))
+    except ValueError as error:
+        raise UserModelError(f"--hf {spec.name!r}: {_short(error)}") from error
+    except TypeError as error:
+        raise UserModelError(f"--hf {spec.name!r}: bad --hf-config: {_short(error)}") from error
+    model = None
+    for auto in ("AutoModelForCausalLM", "AutoModelForImageClassification", "AutoModel"):
+        try:
+            model = getattr(transformers, auto).from_config(config)
+            break
+        except ValueError:
+            continue
+        except Exception as error:
+            raise UserModelError(f"--hf {spec.name!r}: building the model failed: "
+                                 f"{type(error).__name__}: {_short(error)}") from error
+    if model is None:
+        raise UserModelError(f"--hf {spec.name!r}: transformers has no model class for it")
+    model.train()
+    if getattr(config, "image_size", None) and getattr(config, "num_channels", None):
+        size = config.image_size
+        inputs: tuple[torch.Tensor, ...] = (
+            torch.randn(VISION_BATCH, config.num_channels, size, size),)
+    else:
+        vocab = getattr(config, "vocab_size", None) or 2
+        inputs = (torch.randint(0, vocab, (HF_BATCH, HF_SEQ)),)
+    return _TensorOutput(model), inputs
+
+
+def _from_torchvision(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    _optional("torchvision", "--torchvision")
+    from torchvision import models
+
+    if spec.name not in models.list_models():
+        raise UserModelError(f"--torchvision {spec.name!r} is not a torchvision model; e.g. "
+                             "resnet18, mobilenet_v3_small, efficientnet_b0, vit_b_16")
+    try:
+        model = models.get_model(spec.name, weights=None, **dict(spec.config))
+    except Exception as error:
+        raise UserModelError(f"--torchvision {spec.name!r}: {type(error).__name__}: "
+                             f"{_short(error)}") from error
+    size = getattr(model, "image_size", 64)
+    return _TensorOutput(model), (torch.randn(VISION_BATCH, 3, size, size),)
+
+
+def _from_timm(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    timm = _optional("timm", "--timm")
+    if not timm.list_models(spec.name):
+        raise UserModelError(f"--timm {spec.name!r} is not a timm model; e.g. resnet18, "
+                             "vit_tiny_patch16_224")
+    try:
+        model = timm.create_model(spec.name, pretrained=False, **dict(spec.config))
+    except Exception as error:
+        raise UserModelError(f"--timm {spec.name!r}: {type(error).__name__}: "
+                             f"{_short(error)}") from error
+    channels, height, width = model.pretrained_cfg.get("input_size", (3, 64, 64))
+    if "img_size" in spec.config:
+        height = width = int(spec.config["img_size"])
+    return _TensorOutput(model), (torch.randn(VISION_BATCH, channels, height, width),)
+
+
+# ---- exported programs --------------------------------------------------------------------
+
+def _from_exported(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A ``torch.export`` program as a trainable module: its parameters require grad, as the
+    model's did, so the joint graph has a backward."""
+    import zipfile
+
+    path = Path(spec.name)
+    if not path.is_file():
+        raise UserModelError(f"--exported {spec.name!r}: no such file")
+    if not zipfile.is_zipfile(path):  # before torch, which logs a traceback for it
+        raise UserModelError(f"--exported {spec.name!r} is not a saved torch.export program "
+                             "(torch.export.save writes a .pt2 zip archive)")
+    try:
+        program = torch.export.load(str(path))
+    except Exception as error:
+        raise UserModelError(f"--exported {spec.name!r} is not a saved torch.export program "
+                             f"(torch.export.save): {type(error).__name__}: "
+                             f"{_short(error)}") from error
+    module = program.module()
+    for parameter in module.parameters():
+        parameter.requires_grad_(parameter.is_floating_point())
+    args, kwargs = program.example_inputs or ((), {})
+    if kwargs:
+        raise UserModelError(f"--exported {spec.name!r}: keyword example inputs "
+                             f"({', '.join(kwargs)}) are not supported; export with "
+                             "positional inputs")
+    return module, tuple(t for t in args if isinstance(t, torch.Tensor))
+
+
+# ---- text arguments -----------------------------------------------------------------------
+
+_SHAPE = re.compile(r"^(\d+(?:x\d+)*)(?::([a-z0-9]+))?(?::(\d+))?$")
+
+
+def parse_input_specs(specs: Sequence[str], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Example inputs from specs such as ``2x128:int64:50257`` (shape, dtype (default
+    float32), and for integer dtypes the exclusive upper bound of the values, default 2)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    tensors = []
+    for text in specs:
+        match = _SHAPE.match(text.strip().lower())
+        if match is None:
+            raise UserModelError(f"--input {text!r}: give a shape such as 2x128, optionally a "
+                                 "dtype and, for integers, an upper bound: 2x128:int64:50257")
+        shape = [int(d) for d in match.group(1).split("x")]
+        dtype_name, high = match.group(2) or "float32", match.group(3)
+        dtype = _DTYPES.get(dtype_name)
+        if dtype is None:
+            raise UserModelError(f"--input {text!r}: unknown dtype {dtype_name!r}; choose one of "
+                                 f"{', '.join(sorted(_DTYPES))}")
+        if math.prod(shape) > _MAX_INPUT_ELEMENTS:
+            raise UserModelError(f"--input {text!r}: {math.prod(shape)} elements is more than "
+                                 f"{_MAX_INPUT_ELEMENTS}")
+        if dtype.is_floating_point:
+            if high is not None:
+                raise UserModelError(f"--input {text!r}: an upper bound is for integer dtypes")
+            tensors.append(torch.randn(shape, generator=generator).to(dtype))
+        elif dtype == torch.bool:
+            tensors.append(torch.randint(0, 2, shape, generator=generator).bool())
+        else:
+            bound = int(high) if high is not None else 2
+            if bound < 1:
+                raise UserModelError(f"--input {text!r}: the upper bound must be >= 1")
+            tensors.append(torch.randint(0, bound, shape, generator=generator, dtype=dtype))
+    return tuple(tensors)
+
+
+def parse_key_values(text: str, flag: str) -> dict[str, Any]:
+    """``n_layer=2,n_embd=128,use_cache=false`` as a dict: ints, floats, booleans, None and
+    strings, read as Python literals where they are one."""
+    import ast
+
+    result: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise UserModelError(f"{flag} {text!r}: give key=value pairs separated by commas, "
+                                 "e.g. n_layer=2,n_embd=128")
+        word = value.strip()
+        lowered = word.lower()
+        if lowered in ("true", "false"):
+            result[key] = lowered == "true"
+        elif lowered in ("none", "null"):
+            result[key] = None
+        else:
+            try:
+                result[key] = ast.literal_eval(word)
+            except (ValueError, SyntaxError):
+                result[key] = word
+    return result
+
+
+def _describe(value: Any) -> str:
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(type(v).__name__ for v in value[:4])
+        return f"{article} {name} of ({inner}{', ...' if len(value) > 4 else ''})"
+    return f"{article} {name}"
+
+
+def _short(error: BaseException, limit: int = 300) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return text if len(text) <= limit else text[:limit] + "..."
