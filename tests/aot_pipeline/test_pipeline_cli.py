@@ -110,7 +110,8 @@ def test_budget_above_one_is_a_one_line_error():
 
 def test_unknown_model_is_a_one_line_error():
     _assert_one_line_error(run_cli("partition", "--model", "resnet"),
-                           "invalid choice: 'resnet' (choose from 'mlp', 'gpt', 'llama', 'convnet')")
+                           "'resnet' is neither a built-in model (mlp, gpt, llama, convnet) nor a "
+                           "factory 'package.module:function' / 'path/to/file.py:function'")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")

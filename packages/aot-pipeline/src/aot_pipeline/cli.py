@@ -21,6 +21,7 @@ from .options import (
     COMPILERS,
     SOLVERS,
     PipelineOptionError,
+    parse_key_values,
     parse_memory_budget,
     validate_memory_budget,
 )
@@ -110,8 +111,6 @@ def _model_name(text: str) -> str:
 
 
 def _key_values(text: str) -> dict[str, Any]:
-    from .user_models import parse_key_values
-
     try:
         return parse_key_values(text, "--hf-config")
     except PipelineOptionError as error:
@@ -120,18 +119,19 @@ def _key_values(text: str) -> dict[str, Any]:
 
 def model_spec(args: argparse.Namespace) -> Any:
     """The ``ModelSpec`` the model arguments name."""
+    inputs = tuple(args.inputs)
+    source = next((s for s in ("hf", "torchvision", "timm", "exported")
+                   if getattr(args, s, None) is not None), None)
+    if source is None and args.model in MODEL_NAMES and (args.model_config or inputs):
+        raise UsageError("--hf-config/--model-config and --input are for your own model "
+                         f"(--model package.module:factory, --hf, ...), not the built-in "
+                         f"{args.model!r}")
     from .user_models import ModelSpec
 
-    inputs = tuple(args.inputs)
-    for source in ("hf", "torchvision", "timm", "exported"):
-        name = getattr(args, source, None)
-        if name is not None:
-            return ModelSpec(source, str(name), config=args.model_config, inputs=inputs)
+    if source is not None:
+        return ModelSpec(source, str(getattr(args, source)), config=args.model_config,
+                         inputs=inputs)
     if args.model in MODEL_NAMES:
-        if args.model_config or inputs:
-            raise UsageError("--hf-config/--model-config and --input are for your own model "
-                             f"(--model package.module:factory, --hf, ...), not the built-in "
-                             f"{args.model!r}")
         return ModelSpec("builtin", args.model, layers=args.layers)
     return ModelSpec("factory", args.model, config=args.model_config, inputs=inputs)
 

@@ -218,3 +218,31 @@ def parse_memory_budget(text: str) -> tuple[float, int | None]:
 def _validate_choice(what: str, value: object, valid: tuple[str, ...]) -> None:
     if value not in valid:
         raise PipelineOptionError(f"unknown {what} {value!r}; choose one of {', '.join(valid)}")
+
+
+def parse_key_values(text: str, flag: str) -> dict[str, Any]:
+    """``n_layer=2,n_embd=128,use_cache=false`` as a dict: ints, floats, booleans, None and
+    strings, read as Python literals where they are one."""
+    import ast
+
+    result: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise PipelineOptionError(f"{flag} {text!r}: give key=value pairs separated by commas, "
+                                 "e.g. n_layer=2,n_embd=128")
+        word = value.strip()
+        lowered = word.lower()
+        if lowered in ("true", "false"):
+            result[key] = lowered == "true"
+        elif lowered in ("none", "null"):
+            result[key] = None
+        else:
+            try:
+                result[key] = ast.literal_eval(word)
+            except (ValueError, SyntaxError):
+                result[key] = word
+    return result

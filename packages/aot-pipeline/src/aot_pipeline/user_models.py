@@ -34,7 +34,6 @@ __all__ = [
     "UserModelError",
     "load_factory",
     "parse_input_specs",
-    "parse_key_values",
 ]
 
 SOURCES = ("builtin", "factory", "hf", "torchvision", "timm", "exported")
@@ -320,34 +319,6 @@ def parse_input_specs(specs: Sequence[str], seed: int = 0) -> tuple[torch.Tensor
                 raise UserModelError(f"--input {text!r}: the upper bound must be >= 1")
             tensors.append(torch.randint(0, bound, shape, generator=generator, dtype=dtype))
     return tuple(tensors)
-
-
-def parse_key_values(text: str, flag: str) -> dict[str, Any]:
-    """``n_layer=2,n_embd=128,use_cache=false`` as a dict: ints, floats, booleans, None and
-    strings, read as Python literals where they are one."""
-    import ast
-
-    result: dict[str, Any] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key.isidentifier():
-            raise UserModelError(f"{flag} {text!r}: give key=value pairs separated by commas, "
-                                 "e.g. n_layer=2,n_embd=128")
-        word = value.strip()
-        lowered = word.lower()
-        if lowered in ("true", "false"):
-            result[key] = lowered == "true"
-        elif lowered in ("none", "null"):
-            result[key] = None
-        else:
-            try:
-                result[key] = ast.literal_eval(word)
-            except (ValueError, SyntaxError):
-                result[key] = word
-    return result
 
 
 def _describe(value: Any) -> str:
