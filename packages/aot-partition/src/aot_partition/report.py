@@ -22,7 +22,6 @@ from .passes.rng import RNG_STATE_PREFIX
 from .sizes import node_nbytes
 
 if TYPE_CHECKING:
-    from .pareto import ParetoPoint
     from .reference import ReferenceCheck
     from .solve import MinCutSolution
 
@@ -64,8 +63,8 @@ class PartitionReport:
     # apply (budget 0 or 1, a byte cap, the estimator is the reference, or it is off).
     reference_check: ReferenceCheck | None = None
     # The memory-budget sweep, when the partition ran one (flag visualize_memory_budget_pareto),
-    # and the PNG it wrote.
-    pareto_points: tuple[ParetoPoint, ...] = ()
+    # and the PNG it wrote. pareto.ParetoPoint values (pareto.py sits above this module).
+    pareto_points: tuple[Any, ...] = ()
     pareto_png: str | None = None
 
     def format(self) -> str:
