@@ -146,8 +146,8 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # budgets in bytes: the fixed candidate cuts and the caps that choose among them; a
     # fraction's check against the reference estimator's cut
     ("caps", "reference"),
-    # data only: the partition report; pictures
-    ("report", "draw", "memory_plot"),
+    # data only: the partition report; pictures; the report as TORCH_TRACE artifacts
+    ("report", "draw", "memory_plot", "trace"),
     # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)
     ("pareto",),
     # composition: the two partition functions and explain_partition

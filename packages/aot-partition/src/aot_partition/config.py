@@ -33,13 +33,7 @@ class MinCutOptions:
 
     @classmethod
     def _from(cls, read: Any) -> MinCutOptions:
-        options = cls(
-            ban_if_used_far_apart=bool(read("ban_recompute_used_far_apart")),
-            ban_if_long_fusible_chains=bool(read("ban_recompute_long_fusible_chains")),
-            ban_if_materialized_backward=bool(read("ban_recompute_materialized_backward")),
-            ban_if_not_in_allowlist=bool(read("ban_recompute_not_in_allowlist")),
-            ban_if_reduction=bool(read("ban_recompute_reductions")),
-        )
+        options = cls(**{name: bool(read(flag)) for name, flag in _FLAG_OF_OPTION.items()})
         if read("aggressive_recomputation"):
             options = replace(options, ban_if_used_far_apart=False,
                               ban_if_long_fusible_chains=False,
@@ -47,6 +41,15 @@ class MinCutOptions:
                               ban_if_not_in_allowlist=False)
         return options
 
+
+# MinCutOptions field -> the aot_config.functorch flag it is read from.
+_FLAG_OF_OPTION = {
+    "ban_if_used_far_apart": "ban_recompute_used_far_apart",
+    "ban_if_long_fusible_chains": "ban_recompute_long_fusible_chains",
+    "ban_if_materialized_backward": "ban_recompute_materialized_backward",
+    "ban_if_not_in_allowlist": "ban_recompute_not_in_allowlist",
+    "ban_if_reduction": "ban_recompute_reductions",
+}
 
 # PartitionConfig field -> the aot_config.functorch flag it is read from.
 _FLAG_OF_FIELD = {
@@ -106,3 +109,10 @@ class PartitionConfig:
 
     def replace(self, **changes: Any) -> PartitionConfig:
         return replace(self, **changes)
+
+    def as_flags(self) -> dict[str, Any]:
+        """These settings by ``aot_config.functorch`` flag name. The ban flags are the
+        heuristics in force (``aggressive_recomputation`` has already turned four off)."""
+        flags = {flag: getattr(self, name) for name, flag in _FLAG_OF_FIELD.items()}
+        flags.update({flag: getattr(self.options, name) for name, flag in _FLAG_OF_OPTION.items()})
+        return flags

@@ -38,14 +38,15 @@ from .classify import NodeInfo, classify
 from .config import PartitionConfig
 from .extract import default_saved_values, extract_forward_backward
 from .graph_modules import make_graph_module
-from .pareto import sweep, write_pareto_png
+from .pareto import ParetoPoint, sweep, write_pareto_png
 from .passes import has_recomputable_ops
 from .policy import MinCutOptions, active_rule_names
 from .prepare import prepared_joint
 from .reference import ReferenceCheck, check_against_reference
-from .report import PartitionReport, build_report, log_report
+from .report import PartitionReport, build_report, default_partition_report, log_report
 from .sizes import node_nbytes
 from .solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
+from .trace import trace_partition
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ def default_partition(
     fw_module, bw_module, _, _ = extract_forward_backward(
         joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
         lazy_modules=config.lazy_modules)
+    trace_partition("default_partition",
+                    lambda: default_partition_report(saved_values, saved_sym_nodes, config))
     return fw_module, bw_module
 
 
@@ -170,6 +173,8 @@ class _Choice:
     simulated_peak: int | None = None      # set under a peak cap (caps.SimulatedPeak)
     reference_check: ReferenceCheck | None = None  # set at a fraction (reference.py)
     label: str | None = None               # the report's solver when no min cut chose ``saved``
+    pareto_points: tuple[ParetoPoint, ...] = ()  # swept under the visualize flag
+    pareto_png: str | None = None
 
 
 def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
@@ -234,8 +239,11 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     else:
         saved, runtime, check = check_against_reference(
             search, budget, config.reference_estimator, simulator(search.estimator))
+    pareto_points: tuple[ParetoPoint, ...] = ()
+    pareto_png = None
     if config.visualize_pareto:
-        write_pareto_png(sweep(search), search.solver)
+        pareto_points = tuple(sweep(search))
+        pareto_png = write_pareto_png(list(pareto_points), search.solver)
     log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
              budget, search.solver, search.memory_ratio(saved), runtime)
     saved = list(saved)
@@ -247,7 +255,7 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     label = (f"whole-graph MILP, {how}"
              if chosen_by is None and frozenset(saved) != frozenset(node_info.inputs) else None)
     return _Choice(saved, chosen_by, _options_for(search, saved), reference_check=check,
-                   label=label)
+                   label=label, pareto_points=pareto_points, pareto_png=pareto_png)
 
 
 def partition_with_report(
@@ -268,8 +276,10 @@ def partition_with_report(
     """
     config = call_config(config, memory_budget_bytes, peak_bytes)
     with _gc_paused(), prepared_joint(joint_module, num_fwd_outputs, config=config):
-        return _partition_prepared(joint_module, num_fwd_outputs, static_lifetime_input_indices,
-                                   memory_budget, config)
+        fw_module, bw_module, report = _partition_prepared(
+            joint_module, num_fwd_outputs, static_lifetime_input_indices, memory_budget, config)
+    trace_partition("min_cut_rematerialization_partition", lambda: report)
+    return fw_module, bw_module, report
 
 
 @contextmanager
@@ -324,7 +334,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         report, active_rules=active_rule_names(choice.options), config=config,
         memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
         peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
-        reference_check=choice.reference_check)
+        reference_check=choice.reference_check, pareto_points=choice.pareto_points,
+        pareto_png=choice.pareto_png)
     log_report(report)
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)

@@ -62,6 +62,10 @@ class PartitionReport:
     # At a fraction between 0 and 1: the reference check (reference.py), None when it did not
     # apply (budget 0 or 1, a byte cap, the estimator is the reference, or it is off).
     reference_check: ReferenceCheck | None = None
+    # The memory-budget sweep, when the partition ran one (flag visualize_memory_budget_pareto),
+    # and the PNG it wrote. pareto.ParetoPoint values (pareto.py sits above this module).
+    pareto_points: tuple[Any, ...] = ()
+    pareto_png: str | None = None
 
     def format(self) -> str:
         """A plain-text table for terminals."""
@@ -84,6 +88,9 @@ class PartitionReport:
             lines.append("banned from recomputation:")
             lines.extend(f"  {name:<28} {why}" for name, why in self.banned.items())
         lines.extend(f"note: {note}" for note in self.notes)
+        if self.pareto_points:
+            lines.append(f"pareto: {len(self.pareto_points)} budgets swept, picture "
+                         f"{self.pareto_png}")
         return "\n".join(lines)
 
 
@@ -158,6 +165,18 @@ def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
         solver=solution.solver if solution is not None else solver or "inputs only",
         notes=notes,
     )
+
+
+def default_partition_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
+                             config: PartitionConfig) -> PartitionReport:
+    """What ``default_partition`` decided: it saves every forward value the backward reads
+    and recomputes nothing (no budget applies)."""
+    saved = [_decision(n, SAVED, "default partition: the backward reads it")
+             for n in [*saved_values, *saved_sym_nodes]]
+    saved_bytes = sum(d.nbytes for d, n in zip(saved, saved_values)
+                      if isinstance(n.meta.get("val"), torch.Tensor))
+    return PartitionReport(saved, [], {}, 1.0, saved_bytes, "default partition (no budget)",
+                           config=config)
 
 
 def log_report(report: PartitionReport) -> None:

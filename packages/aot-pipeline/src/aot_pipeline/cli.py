@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .cli_help import command_help, no_command_hint
 from .model_names import MODEL_NAMES, VARIANTS
 from .options import (
     COMPILERS,
@@ -172,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train the built-in models with the aot_pipeline "
                      "back end, sweep the memory budget, explain a partition.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # Not required: without a command, main() prints cli_help's hint instead of argparse's error.
+    commands = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     def model_args(sub: argparse.ArgumentParser, default_layers: int,
                    exported: bool = False) -> None:
@@ -210,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  f"(default {default_layers})")
 
     train = commands.add_parser(
-        "train", help="train eager, inductor and aot_pipeline side by side and compare")
+        "train", help="train eager, inductor and aot_pipeline side by side and compare",
+        **command_help("train"))
     model_args(train, 2)
     train.add_argument("--steps", type=_steps, default=10,
                        help=f"SGD steps, 1 to {MAX_STEPS} (default 10)")
@@ -232,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pareto = commands.add_parser(
         "pareto", help="sweep the memory budget; plot the simulated peak against recompute, "
-                       "ours and torch's")
+                       "ours and torch's", **command_help("pareto"))
     model_args(pareto, 2, exported=True)
     pareto.add_argument("--output", type=_output_file(".png"), default=Path("pareto.png"),
                         help="PNG to write (default pareto.png)")
@@ -243,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     pareto.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     partition = commands.add_parser(
-        "partition", help="show which activations are saved or recomputed, and why")
+        "partition", help="show which activations are saved or recomputed, and why",
+        **command_help("partition"))
     model_args(partition, 1, exported=True)
     partition.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
                            help="activation memory budget: a fraction in [0, 1] (default 1.0) "
@@ -257,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
         args = build_parser().parse_args(argv)
+        if args.command is None:
+            print(no_command_hint(), file=sys.stderr)
+            return USAGE_ERROR
         args.spec = model_spec(args)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")

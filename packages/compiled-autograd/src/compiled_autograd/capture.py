@@ -28,9 +28,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-from torch.fx.traceback import set_stack_trace
 
-from compiled_autograd import hooks, protocol
+from compiled_autograd import hooks, logs, protocol
 from compiled_autograd.aot_backward import AotBackwardPaster, is_aot_backward
 from compiled_autograd.finish import compile_graph, finish_graph
 from compiled_autograd.graph_ops import (
@@ -72,7 +71,8 @@ class AutogradCompilerInstance:
         self.id = next(_capture_ids)
         self.check_nans = check_nans
         self.aot_backwards = AotBackwardPaster(self.tracer)  # paste counts are per capture
-        inputs, sym_sizes, scalars = self.tracer.start(self.stack, inputs, sizes, scalars)
+        inputs, sym_sizes, scalars = self.tracer.start(self.stack, inputs, sizes, scalars,
+                                                       origins, self.set_node_origin)
         return f"compiled_autograd.capture{self.id}", inputs, sym_sizes, scalars
 
     def end_capture(self, outputs: Any) -> tuple[Callable[..., Any], Any]:
@@ -89,12 +89,13 @@ class AutogradCompilerInstance:
         logger.info("capture %d: cache miss because %s", self.id, "; ".join(compile_reasons))
 
     def set_node_origin(self, node_name: str, nodecall_index: int, pyobj: Any = None) -> None:
-        """Tag the nodes recorded next with the autograd node they came from."""
+        """Tag the nodes recorded next with the autograd node they came from (as torch does:
+        ``CompiledFunctionBackward<aot id> (NodeCall 2)`` for an AOTAutograd backward)."""
         aot_id = ""
         forward_cls = getattr(pyobj, "_forward_cls", None)
         if forward_cls is not None and is_aot_backward(forward_cls):
             aot_id = str(forward_cls._aot_id)
-        set_stack_trace([f"  {node_name}{aot_id} (NodeCall {nodecall_index})\n"])
+        logs.set_node_origin(node_name, nodecall_index, aot_id)
 
     # ---- autograd nodes ----------------------------------------------------------------------
 

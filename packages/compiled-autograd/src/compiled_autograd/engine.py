@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from compiled_autograd import protocol
+from compiled_autograd import logs, protocol
 from compiled_autograd.capture import AutogradCompilerInstance
 from compiled_autograd.state import STATE, CompilerFactory
 
@@ -130,9 +130,10 @@ def enable(compiler_fn: Callable[..., Any], *, dynamic: bool = True,
     except BaseException:
         protocol.set_compiler(prior, prior_dynamic)
         raise
-    verbose = verbose_logger.isEnabledFor(logging.DEBUG)
-    if verbose:
-        protocol.set_verbose_logger(verbose_logger)
+    # Read once, at enable, as torch does: turning a logger on inside the block changes nothing.
+    verbose = _engine_verbose_logger()
+    if verbose is not None:
+        protocol.set_verbose_logger(verbose)
     STATE.depth += 1
     try:
         # The engine must run the backward on this thread for the capture to see it.
@@ -141,10 +142,20 @@ def enable(compiler_fn: Callable[..., Any], *, dynamic: bool = True,
     finally:
         STATE.depth -= 1
         STATE.move_cpu_scalars = prior_scalars
-        if verbose:
+        if verbose is not None:
             protocol.set_verbose_logger(None)
         protocol.set_compiler(prior, prior_dynamic)
         _hand_cache_to(_owner_of(prior))
+
+
+def _engine_verbose_logger() -> logging.Logger | None:
+    """Where the C++ engine's messages go (one logger): torch's ``compiled_autograd_verbose``
+    artifact logger when that artifact is on, else ours when it is on at DEBUG, else none."""
+    if logs.verbose_enabled():
+        return logs.verbose_log
+    if verbose_logger.isEnabledFor(logging.DEBUG):
+        return verbose_logger
+    return None
 
 
 @contextlib.contextmanager

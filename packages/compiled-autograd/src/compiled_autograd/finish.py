@@ -17,7 +17,7 @@ import torch
 from torch._dynamo.utils import set_locals_to_steal
 from torch.fx import GraphModule
 
-from compiled_autograd import passes
+from compiled_autograd import logs, passes
 from compiled_autograd.state import STATE
 
 graph_logger = logging.getLogger("compiled_autograd.graph")
@@ -48,6 +48,7 @@ def finish_graph(root: torch.nn.Module, graph: torch.fx.Graph, capture_id: int) 
     if graph_logger.isEnabledFor(logging.INFO):  # printing a big graph is not free
         graph_logger.info("compiled autograd graph %d:\n%s", capture_id,
                           module.print_readable(print_output=False))
+    logs.log_graph(module)  # torch's loggers and format (TORCH_LOGS=compiled_autograd)
     return FinishedGraph(module, used_sizes, to_cuda)
 
 

@@ -24,6 +24,7 @@ from compiled_autograd.graph_ops import (
     call_accumulate_grad,
     call_hook,
 )
+from compiled_autograd.logs import verbose_log
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,7 @@ def eliminate_dead_code(graph: fx.Graph) -> int:
     graph.eliminate_dead_code(is_impure)
     removed = before - len(graph.nodes)
     logger.debug("DCE removed %d nodes", removed)
+    verbose_log.debug("DCE removed %d nodes", removed)  # torch's line (logs.py)
     return removed
 
 

@@ -32,6 +32,10 @@ from torch.fx.traceback import preserve_node_meta
 from compiled_autograd.graph_ops import unwrap_maybe_dynamic_int
 from compiled_autograd.passes import PLACEHOLDERS
 
+# The engine's origin of each value: (NodeCall index, autograd node name).
+Origins = Sequence[tuple[int, str]]
+SetOrigin = Callable[[str, int], None]
+
 
 def proxy_item(proxy: torch.fx.Proxy, index: int) -> torch.fx.Proxy:
     """``proxy[index]``: records an ``operator.getitem`` node."""
@@ -57,6 +61,7 @@ class BackwardTracer:
         self.fx_tracer = PythonKeyTracer()
         self.proxy_mode = ProxyTorchDispatchMode(self.fx_tracer, "symbolic")
         self.hooks_proxy: torch.fx.Proxy | None = None
+        self.set_origin: SetOrigin | None = None
         self.symnode_proxies: dict[Any, torch.fx.Proxy] = {}
 
     @property
@@ -70,10 +75,17 @@ class BackwardTracer:
     # ---- starting a capture ----------------------------------------------------------------
 
     def start(self, stack: contextlib.ExitStack, inputs: list[torch.Tensor], sizes: list[int],
-              scalars: list[int | float]) -> tuple[list, list, list]:
+              scalars: list[int | float], origins: Sequence[Origins] = (),
+              set_origin: SetOrigin | None = None) -> tuple[list, list, list]:
         """Create the placeholders, turn the engine's values into fakes and symbols bound to
         them (in place, as the engine expects), and enter the tracing modes on ``stack``.
-        Returns the fake inputs, symbolic sizes and symbolic scalars."""
+        Returns the fake inputs, symbolic sizes and symbolic scalars.
+
+        ``origins``: the engine's (inputs, sizes, scalars) origins, one ``(NodeCall index,
+        node name)`` per value; ``set_origin(name, index)`` is called before each input's and
+        scalar's graph node is made, as torch tags them (sizes keep the last input's tag)."""
+        self.set_origin = set_origin
+        inputs_origins, _, scalars_origins = (*origins, (), (), ())[:3]
         self.symnode_proxies = {}
         self.fx_tracer.root = torch.nn.Module()
         self.fx_tracer.graph = torch.fx.Graph(tracer_cls=PythonKeyTracer)
@@ -85,9 +97,9 @@ class BackwardTracer:
         # The python dispatcher marks "tracing" so nobody hashes a SymInt while we capture.
         stack.enter_context(enable_python_dispatcher())
 
-        self._fake_inputs(inputs, inputs_proxy)
+        self._fake_inputs(inputs, inputs_proxy, inputs_origins)
         sym_sizes = self._symbolic_sizes(sizes, sizes_proxy)
-        self._symbolic_scalars(scalars)
+        self._symbolic_scalars(scalars, scalars_origins)
 
         stack.enter_context(self.fake_tensor_mode)
         stack.enter_context(self.proxy_mode)
@@ -96,7 +108,8 @@ class BackwardTracer:
         stack.enter_context(_suppress_guards(self.shape_env))
         return inputs, sym_sizes, scalars
 
-    def _fake_inputs(self, inputs: list[torch.Tensor], inputs_proxy: torch.fx.Proxy) -> None:
+    def _fake_inputs(self, inputs: list[torch.Tensor], inputs_proxy: torch.fx.Proxy,
+                     origins: Origins) -> None:
         for index, tensor in enumerate(inputs):
             try:
                 inputs[index] = self.fake_tensor_mode.from_tensor(
@@ -106,7 +119,7 @@ class BackwardTracer:
                     f"compiled autograd cannot fake backward input {index} of type "
                     f"{type(tensor).__name__}; run this backward outside "
                     "compiled_autograd.enable()") from error
-        self.bind(inputs, inputs_proxy)
+        self.bind(inputs, inputs_proxy, origins)
 
     def _symbolic_sizes(self, sizes: list[int], sizes_proxy: torch.fx.Proxy) -> list[Any]:
         sym_sizes = [self.shape_env.create_unspecified_symint_and_symbol(
@@ -121,7 +134,7 @@ class BackwardTracer:
         self.bind(sym_sizes, size_proxies)
         return sym_sizes
 
-    def _symbolic_scalars(self, scalars: list[Any]) -> None:
+    def _symbolic_scalars(self, scalars: list[Any], origins: Origins) -> None:
         for index, value in enumerate(scalars):
             source = GetItemSource(LocalSource("scalars"), index)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -135,7 +148,7 @@ class BackwardTracer:
                     self.shape_env.create_unspecified_symbol(value, source=source,
                                                              dynamic_dim=DimDynamic.DYNAMIC),
                     hint=value, source=source)
-        self.bind(scalars, self.scalars_proxy)
+        self.bind(scalars, self.scalars_proxy, origins)
         for index, symbolic in enumerate(scalars):
             if isinstance(symbolic, (torch.SymInt, torch.SymFloat)):
                 self.symnode_proxies[symbolic.node] = proxy_item(self.scalars_proxy, index)
@@ -159,10 +172,16 @@ class BackwardTracer:
                                "the backward graph computes")
         return tracked.proxy
 
-    def bind(self, objects: Sequence[Any], proxies: Any) -> Any:
-        """Make each of ``objects`` stand for the matching proxy from now on."""
+    def bind(self, objects: Sequence[Any], proxies: Any, origins: Origins = ()) -> Any:
+        """Make each of ``objects`` stand for the matching proxy from now on. When ``proxies``
+        is one proxy, each item's node is tagged with its entry of ``origins`` (if given)."""
         if isinstance(proxies, torch.fx.Proxy):
-            proxies = [proxy_item(proxies, i) for i in range(len(objects))]
+            whole, proxies = proxies, []
+            for i in range(len(objects)):
+                if origins and self.set_origin is not None:
+                    nodecall_index, node_name = origins[i]
+                    self.set_origin(node_name, nodecall_index)
+                proxies.append(proxy_item(whole, i))
         if len(objects) != len(proxies):
             raise RuntimeError(f"binding {len(objects)} values to {len(proxies)} graph nodes")
         track_tensor_tree(objects, proxies, constant=None, tracer=self.fx_tracer)
