@@ -23,6 +23,7 @@ from .sizes import node_nbytes
 
 if TYPE_CHECKING:
     from .reference import ReferenceCheck
+    from .region_budget import RegionOutcome
     from .solve import MinCutSolution
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,9 @@ class PartitionReport:
     # At a fraction between 0 and 1: the reference check (reference.py), None when it did not
     # apply (budget 0 or 1, a byte cap, the estimator is the reference, or it is off).
     reference_check: ReferenceCheck | None = None
+    # Under region budgets (several, or not over the whole forward): one row per region and
+    # one for the rest of the graph, with its budget, limit and saved bytes.
+    regions: list[RegionOutcome] = field(default_factory=list)
 
     def format(self) -> str:
         """A plain-text table for terminals."""
@@ -75,6 +79,7 @@ class PartitionReport:
                          "bytes (forward+backward, inputs and parameters included)")
         if self.reference_check is not None:
             lines.append(self.reference_check.describe())
+        lines.extend(region.describe() for region in self.regions)
         if self.active_rules:
             lines.append(f"ban rules: {', '.join(self.active_rules)}")
         for title, rows in (("saved", self.saved), ("recomputed", self.recomputed)):
