@@ -194,6 +194,7 @@ def test_ported_partial_and_mixed_annotations_torch_rejects_ours_solves():
 
 CASES = {
     "one region 0.5": [0.5, None],
+    "one byte cap": ["10KiB", None, None],
     "two fractions": [0.0, 0.5],
     "fraction and bytes": [0.25, "20KiB"],
     "three regions": [0.0, 0.5, "8KiB"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import aot_partition
 import pytest
 import torch
@@ -65,3 +67,53 @@ def test_a_conflict_is_reported_at_compile_time(saved_by_backend):
     assert ("torch._functorch.config.activation_memory_budget = 0.5 and "
             "aot_config.functorch.activation_memory_budget = 0.25: both are set and they "
             "differ") in str(info.value)
+
+
+@pytest.mark.skipif(not hasattr(torch.autograd.graph, "region_activation_memory_budget"),
+                    reason="region_activation_memory_budget needs torch 2.13+")
+def test_region_budgets_reach_the_backend(monkeypatch):
+    """Through backend="aot_pipeline": a region 0.0 over the whole forward saves less than
+    none, and two regions with different budgets compile and give eager's gradients."""
+    saved: list[int] = []
+    partition = aot_partition.min_cut_rematerialization_partition
+
+    def recording(joint, inputs, **kwargs):
+        fw, bw = partition(joint, inputs, **kwargs)
+        saved.append(saved_activation_bytes(fw, kwargs["num_fwd_outputs"]))
+        return fw, bw
+
+    monkeypatch.setattr(aot_partition, "min_cut_rematerialization_partition", recording)
+
+    def region(budget):
+        if budget is None or not torch.compiler.is_compiling():
+            return contextlib.nullcontext()
+        if isinstance(budget, float):
+            return torch.autograd.graph.region_activation_memory_budget(budget)
+        return aot_partition.region_memory_budget(budget)
+
+    def model(budgets, whole=None):
+        def fn(x, w1, w2):
+            with region(whole):
+                with region(budgets[0]):
+                    h = torch.relu(x @ w1).sin().cos()
+                with region(budgets[1]):
+                    h = torch.relu(h @ w2).sin().cos()
+                return h.sum()
+        return fn
+
+    def step(fn):
+        gen = torch.Generator().manual_seed(0)
+        args = [torch.randn(32, 32, generator=gen, requires_grad=True) for _ in range(3)]
+        torch._dynamo.reset()
+        torch.compile(fn, backend="aot_pipeline", options={"compiler": "nop"})(*args).backward()
+        return [a.grad for a in args]
+
+    step(model([None, None]))
+    step(model([None, None], whole=0.0))
+    assert saved[1] < saved[0]
+    grads = step(model([0.0, "2KiB"]))
+    gen = torch.Generator().manual_seed(0)
+    eager = [torch.randn(32, 32, generator=gen, requires_grad=True) for _ in range(3)]
+    model([None, None])(*eager).backward()
+    for got, want in zip(grads, eager):
+        torch.testing.assert_close(got, want.grad)
