@@ -307,3 +307,48 @@ def test_nested_fraction_and_byte_regions_are_refused():
 
 def test_flag_conflict_error_is_exported():
     assert issubclass(FlagConflictError, ValueError)
+
+
+def _with_block_regions(module, budgets):
+    """``module`` with its i-th transformer block under region ``budgets[i]`` (a subclass, so
+    deep copies keep it and run their own parameters)."""
+    for block, budget in zip(module.blocks, budgets):
+        base = type(block)
+
+        class RegionalBlock(base):  # type: ignore[misc, valid-type]
+            def forward(self, *args, **kwargs):
+                with _region(self.region_budget):
+                    return super().forward(*args, **kwargs)
+
+        block.__class__ = RegionalBlock
+        block.region_budget = budget
+    return module
+
+
+def test_gpt_blocks_under_two_regions_match_eager_and_meet_their_budgets():
+    from tests.zoo import assert_matches_eager, make_case
+
+    budgets = [0.0, "2KiB"]
+    case = make_case("gpt")
+    _with_block_regions(case.module, budgets)
+    reports = []
+
+    def partition(joint, joint_inputs, **kwargs):
+        fw, bw, report = partition_with_report(
+            joint, num_fwd_outputs=kwargs["num_fwd_outputs"],
+            static_lifetime_input_indices=kwargs.get("static_lifetime_input_indices"))
+        reports.append(report)
+        return fw, bw
+
+    def compile_fn(module):
+        torch._dynamo.reset()
+        return torch.compile(module, backend=aot_autograd(
+            fw_compiler=_nop, bw_compiler=_nop, partition_fn=partition))
+
+    assert_matches_eager(case, compile_fn)
+    assert all(p.grad is None for p in case.module.parameters())  # the copies ran
+    (report,) = reports
+    by_label = {r.label: r for r in report.regions}
+    assert by_label["region 0"].saved_bytes == 0
+    assert 0 < by_label["region 2048 bytes"].saved_bytes <= 2048
+    assert by_label["region 0"].runtime_optimal_bytes > 0
