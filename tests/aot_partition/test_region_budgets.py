@@ -190,6 +190,63 @@ def test_ported_partial_and_mixed_annotations_torch_rejects_ours_solves():
     assert [r.label for r in report.regions] == ["region 0", "rest (global 1)"]
 
 
+@pytest.mark.skipif(not hasattr(torch.compiler, "nested_compile_region"),
+                    reason="torch.compiler.nested_compile_region is missing")
+def test_ported_region_budget_covers_invoke_subgraph():
+    """torch's test: a region around calls of a nested compile region covers their bodies
+    (each body is partitioned on its own, under the region's budget, as torch does)."""
+
+    @torch.compiler.nested_compile_region
+    def block(x, w):
+        return torch.relu(x @ w).sin().cos()
+
+    def fn(x, w1, w2):
+        with _region(0.0):
+            return block(block(x, w1), w2).sum()
+
+    seen = []
+
+    def recording(joint, joint_inputs, **kwargs):
+        seen.append((copy.deepcopy(joint), kwargs["num_fwd_outputs"]))
+        return torch_partitioners.default_partition(joint, joint_inputs, **kwargs)
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=_nop, bw_compiler=_nop,
+                                           partition_fn=recording), fullgraph=True)(*_inputs(2))
+    assert len(seen) >= 2  # the body and the outer graph
+    for joint, n in seen:
+        fw, _, report = ours(joint, n)
+        assert report.memory_budget == 0.0
+        assert total(fw, n) == torch_saved(joint, n)
+
+
+def test_ported_region_budget_per_graph_across_a_graph_break():
+    """torch's test: regions split by a graph break are two graphs, each under its budget."""
+
+    def fn(x, w1, w2):
+        with _region(0.0):
+            h = torch.relu(x @ w1).sin().cos()
+        torch._dynamo.graph_break()
+        with _region(1.0):
+            return torch.relu(h @ w2).sin().cos().sum()
+
+    seen = []
+
+    def recording(joint, joint_inputs, **kwargs):
+        seen.append((copy.deepcopy(joint), kwargs["num_fwd_outputs"]))
+        return torch_partitioners.default_partition(joint, joint_inputs, **kwargs)
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=_nop, bw_compiler=_nop,
+                                           partition_fn=recording))(*_inputs(2)).backward()
+    budgets = []
+    for joint, n in seen:
+        fw, _, report = ours(joint, n)
+        budgets.append(report.memory_budget)
+        assert total(fw, n) == torch_saved(joint, n)
+    assert budgets == [0.0, 1.0]
+
+
 # ---- several regions ------------------------------------------------------------------------
 
 CASES = {
