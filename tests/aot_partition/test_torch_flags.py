@@ -102,3 +102,10 @@ def test_a_patch_that_ended_is_not_taken_for_a_set_flag():
     with functorch_config.patch(activation_memory_budget=0.3):
         assert PartitionConfig.from_flags().memory_budget == 0.3
     assert torch.is_tensor(torch.zeros(1))
+
+
+def test_a_flag_this_torch_lacks_is_not_taken_for_set():
+    # torch 2.11 lacks some flags ours mirrors: ours then decides alone.
+    from aot_partition.flags import torch_flag_override
+
+    assert torch_flag_override("no_such_flag_in_torch") == (False, None)

@@ -53,7 +53,9 @@ def torch_flag_override(name: str) -> tuple[bool, Any]:
     """(whether torch's flag ``name`` is set away from torch's default, its value)."""
     import torch._functorch.config as torch_config
 
-    value = getattr(torch_config, name, None)
+    if not hasattr(torch_config, name):  # an older torch without it: nothing to honour
+        return False, None
+    value = getattr(torch_config, name)
     # By value: a patch that ends re-assigns the old value, which torch then no longer calls
     # "default" (its _is_default), though nothing is set.
     entry = getattr(torch_config, "_config", {}).get(name)
