@@ -117,3 +117,15 @@ def test_region_budgets_reach_the_backend(monkeypatch):
     model([None, None])(*eager).backward()
     for got, want in zip(grads, eager):
         torch.testing.assert_close(got, want.grad)
+
+
+def test_compile_with_a_budget_under_torchs_different_flag_is_a_conflict():
+    import aot_pipeline
+
+    case = make_case("gpt")
+    torch._dynamo.reset()
+    model = aot_pipeline.compile(case.module, memory_budget=0.7, compiler="nop")
+    with torch_config.patch(activation_memory_budget=0.5), pytest.raises(Exception) as info:
+        model(*case.inputs)
+    assert isinstance(getattr(info.value, "inner_exception", info.value), FlagConflictError)
+    assert "aot_config.functorch.activation_memory_budget = 0.7" in str(info.value)
