@@ -138,14 +138,15 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # the joint prepared for partitioning (checks + passes, undone afterwards)
     ("prepare",),
     # per-node classification, policy, flow network, min-cut solve; forward/backward cutting
-    ("classify", "extract", "policy", "mincut", "mincut_scipy", "core", "network", "solve"),
+    ("classify", "extract", "policy", "mincut", "mincut_scipy", "core", "network", "solve",
+     "regions"),
     # on arrays: knapsack solvers, runtime estimates, the whole-graph MILP
     ("knapsack", "estimators", "roofline", "ilp_graph", "memory"),
     # the memory-budget search
     ("budget",),
     # budgets in bytes: the fixed candidate cuts and the caps that choose among them; a
     # fraction's check against the reference estimator's cut
-    ("caps", "reference"),
+    ("caps", "reference", "region_budget"),
     # data only: the partition report; pictures; the report as TORCH_TRACE artifacts
     ("report", "draw", "memory_plot", "trace"),
     # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)

@@ -190,8 +190,8 @@ def test_debug_partitioner_prints_banned_ops(capture, capsys):
 
 
 @pytest.mark.parametrize("flag", ["ban_recompute_not_in_allowlist", "ban_recompute_reductions"])
-def test_partitioner_reads_our_flags_not_torchs(flag, capture):
-    """torch's own config is ignored: only aot_config.functorch moves the decision."""
+def test_partitioner_reads_torchs_flags_like_ours(flag, capture):
+    """torch's flag set alone moves the decision as ours does (issue 27)."""
     case = make_case("views")
     joint = capture(case.module, *(t.clone().requires_grad_() for t in case.inputs))
 
@@ -202,8 +202,10 @@ def test_partitioner_reads_our_flags_not_torchs(flag, capture):
         return [n.name for n in outs[joint.num_fwd_outputs:]]
 
     baseline = saved_names()
+    with functorch_config.patch(**{flag: False}):
+        ours = saved_names()
     with torch._functorch.config.patch(**{flag: False}):
-        assert saved_names() == baseline
+        assert saved_names() == ours
     with functorch_config.patch(aggressive_recomputation=True, ban_recompute_reductions=False):
         assert saved_names() != baseline
 

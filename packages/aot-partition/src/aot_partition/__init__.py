@@ -13,6 +13,7 @@ from .classify import NodeInfo, OpTypes, classify, default_op_types
 from .config import PartitionConfig
 from .draw import draw_graph
 from .errors import (
+    FlagConflictError,
     GraphCycleError,
     InfeasibleMinCutError,
     MissingMetadataError,
@@ -37,11 +38,14 @@ from .partitioners import (
     min_cut_rematerialization_partition,
 )
 from .policy import MinCutOptions
+from .region_budget import RegionOutcome
+from .regions import region_memory_budget
 from .report import NodeDecision, PartitionReport
 from .sizes import node_nbytes, saved_activation_bytes
 from .solve import solve_min_cut
 
 __all__ = [
+    "FlagConflictError",
     "FlowNetwork",
     "GraphCycleError",
     "InfeasibleMinCutError",
@@ -58,6 +62,7 @@ __all__ = [
     "PartitionConfig",
     "PartitionError",
     "PartitionReport",
+    "RegionOutcome",
     "UnreachableMemoryBudgetError",
     "classify",
     "default_op_types",
@@ -70,6 +75,7 @@ __all__ = [
     "memory_budget_pareto",
     "min_cut_rematerialization_partition",
     "node_nbytes",
+    "region_memory_budget",
     "saved_activation_bytes",
     "simulate_joint",
     "simulate_partition",

@@ -103,6 +103,26 @@ def recompute_savings(node: fx.Node) -> int:
     return max(nbytes, 0)
 
 
+def recompute_candidates(node_info: NodeInfo, banned: Sequence[fx.Node]
+                         ) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(must save, knapsack items) of ``banned``: the banned nodes near enough to the backward
+    and not views of an input; those never recomputed (``never_recompute``) must stay saved,
+    the rest are items, biggest first (stable in graph order: torch's knapsack item order)."""
+    input_storages = {_storage_key(n) for n in node_info.inputs}
+    dist = node_info.dist_from_bw
+    recomputable = [n for n in banned
+                    if dist.get(n, math.inf) < FAR_FROM_BACKWARD
+                    and _storage_key(n) not in input_storages]
+    must_save = [n for n in recomputable if never_recompute(n) is not None]
+    kept = set(must_save)
+    # A random op whose RNG state outweighs its output frees nothing when recomputed:
+    # it stays banned (saved) rather than being left to the knapsack's tie-breaking.
+    savings = {n: recompute_savings(n) for n in recomputable if n not in kept}
+    items = sorted((n for n, saved in savings.items() if saved > 0 or not is_random(n)),
+                   key=node_nbytes, reverse=True)
+    return must_save, items
+
+
 def needed_by_backward(search: BudgetSearch, saved: Sequence[fx.Node]) -> list[fx.Node]:
     """The saved values the backward really reads: what extraction keeps of ``saved``.
 
@@ -226,22 +246,9 @@ class BudgetSearch:
         self._collect_candidates(self.aggressive_banned)
 
     def _collect_candidates(self, banned: list[fx.Node]) -> None:
-        input_storages = {_storage_key(n) for n in self.node_info.inputs}
-        dist = self.node_info.dist_from_bw
-        recomputable = [n for n in banned
-                        if dist.get(n, math.inf) < FAR_FROM_BACKWARD
-                        and _storage_key(n) not in input_storages]
-        self.must_save = [n for n in recomputable if never_recompute(n) is not None]
-        must_save = set(self.must_save)
-        # A random op whose RNG state outweighs its output frees nothing when recomputed:
-        # it stays banned (saved) rather than being left to the knapsack's tie-breaking.
-        savings = {n: recompute_savings(n) for n in recomputable if n not in must_save}
-        # Biggest first, stable in graph order: the same item order torch's knapsack sees.
-        self.candidates = sorted((n for n, saved in savings.items()
-                                  if saved > 0 or not is_random(n)),
-                                 key=node_nbytes, reverse=True)
+        self.must_save, self.candidates = recompute_candidates(self.node_info, banned)
         span = self.max_bytes - self.min_bytes
-        self.memories = [savings[n] / span for n in self.candidates]
+        self.memories = [recompute_savings(n) / span for n in self.candidates]
         self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
 
     def knapsack(self, memory_budget: float, solver: str | None = None) -> KnapsackResult:

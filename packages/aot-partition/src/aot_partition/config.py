@@ -1,7 +1,8 @@
 """``PartitionConfig``: every flag the partitioner reads, frozen once per partition call.
 
 Each decision of the partitioner is a function of (graph, config). ``PartitionConfig.from_flags``
-reads ``aot_config.functorch`` once, at the start of a call, so a patch made by another thread,
+reads ``aot_config.functorch`` (and torch's flags of the same name: flags.py) once, at the
+start of a call, so a patch made by another thread,
 or one that ends half-way through a partition, cannot change a decision in the middle of it. A
 caller that does not use aot_config builds one directly (every field has the flag's default).
 """

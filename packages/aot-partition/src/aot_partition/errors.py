@@ -67,3 +67,19 @@ class UnreachableMemoryBudgetError(ValueError):
             f"{what} {cap} bytes is unreachable: the least this graph can {verb} is "
             f"{least} bytes ({least_label})"
         )
+
+
+class FlagConflictError(ValueError):
+    """torch's ``torch._functorch.config`` flag and ours (``aot_config.functorch``) of the same
+    name are both set, to different values, or torch's holds a value ours cannot take."""
+
+    def __init__(self, name: str, torch_value: object, our_value: object,
+                 problem: str | None = None) -> None:
+        self.name, self.torch_value, self.our_value = name, torch_value, our_value
+        if problem is None:
+            problem = ("both are set and they differ; set one of them only (or both to the "
+                       "same value)")
+        super().__init__(
+            f"torch._functorch.config.{name} = {torch_value!r} and "
+            f"aot_config.functorch.{name} = {our_value!r}: {problem}"
+        )

@@ -43,6 +43,8 @@ from .passes import has_recomputable_ops
 from .policy import MinCutOptions, active_rule_names
 from .prepare import prepared_joint
 from .reference import ReferenceCheck, check_against_reference
+from .region_budget import RegionOutcome, choose_with_regions
+from .regions import Regions, find_regions
 from .report import PartitionReport, build_report, default_partition_report, log_report
 from .sizes import node_nbytes
 from .solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
@@ -153,9 +155,14 @@ def call_config(config: PartitionConfig | None, memory_budget_bytes: int | None 
 
 
 def _memory_budget(joint_graph: fx.Graph, override: float | None,
-                   config: PartitionConfig) -> float:
+                   config: PartitionConfig, regions: Regions) -> float:
+    """The global budget: ``override``, else a region over the whole forward (torch's case),
+    else a MemoryBudgetMode marker in the graph, else the config's (torch's precedence)."""
     if override is not None:
         return validate_memory_budget(override)
+    whole = regions.whole_forward_fraction()
+    if whole is not None:
+        return validate_memory_budget(whole)
     for node in joint_graph.nodes:  # a MemoryBudgetMode marker in the graph wins over config
         if isinstance(node.meta.get("memory_budget"), float):
             return validate_memory_budget(node.meta["memory_budget"])
@@ -175,6 +182,7 @@ class _Choice:
     label: str | None = None               # the report's solver when no min cut chose ``saved``
     pareto_points: tuple[ParetoPoint, ...] = ()  # swept under the visualize flag
     pareto_png: str | None = None
+    regions: list[RegionOutcome] = dataclasses.field(default_factory=list)  # region budgets
 
 
 def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
@@ -221,11 +229,32 @@ def _choose_under_caps(search: BudgetSearch, config: PartitionConfig,
     return _Choice(saved, solution, _options_for(search, saved), nbytes, simulated)
 
 
+def _choose_with_regions(joint_graph: fx.Graph, node_info: NodeInfo, budget: float,
+                         config: PartitionConfig, regions: Regions) -> _Choice:
+    if config.memory_budget_bytes is not None or config.peak_bytes is not None:
+        raise ValueError(
+            "region memory budgets (several, or not over the whole forward) cannot be combined "
+            "with a global byte cap (activation_memory_budget_bytes="
+            f"{config.memory_budget_bytes}, activation_memory_peak_bytes={config.peak_bytes}); "
+            "give the rest of the graph a fraction, or put it in a region with a byte cap")
+    search = BudgetSearch.prepare(joint_graph, node_info, config=config)
+    saved, runtime, outcomes = choose_with_regions(search, regions, budget)
+    log.info("region budgets (%d regions): recompute runtime %.4g", len(regions.nodes), runtime)
+    solution = _labelled(search, saved, "region budgets")
+    return _Choice(saved, solution, _options_for(search, saved), regions=outcomes,
+                   label=None if solution is not None else "region budgets")
+
+
 def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: float,
                          config: PartitionConfig, peak: SimulatedPeak | None,
-                         simulator: Callable[[str], SimulatedPeak]) -> _Choice:
+                         simulator: Callable[[str], SimulatedPeak],
+                         regions: Regions | None = None) -> _Choice:
     """``peak``: the measure of the peak cap, if one is set; ``simulator(estimator)``: a
-    simulator of this joint's cuts for the reference check (reference.py)."""
+    simulator of this joint's cuts for the reference check (reference.py); ``regions``: the
+    joint's region budgets, solved together unless one covers the whole forward (then
+    ``budget`` is its fraction, as in torch)."""
+    if regions is not None and regions.nodes and regions.whole_forward_fraction() is None:
+        return _choose_with_regions(joint_graph, node_info, budget, config, regions)
     if config.memory_budget_bytes is not None or config.peak_bytes is not None:
         search = BudgetSearch.prepare(joint_graph, node_info, config=config)
         return _choose_under_caps(search, config, peak)
@@ -306,7 +335,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
                         ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
     joint_graph = joint_module.graph
     node_info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
-    budget = _memory_budget(joint_graph, memory_budget, config)
+    regions = find_regions(joint_graph, node_info)
+    budget = _memory_budget(joint_graph, memory_budget, config, regions)
     if not node_info.required_bw:
         # Nothing needs a backward: the default split is exact and the network would be empty.
         saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
@@ -321,7 +351,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
               else tuple(static_lifetime_input_indices))
     simulator = functools.partial(SimulatedPeak, joint_module, num_fwd_outputs, static)
     peak = simulator(config.runtime_estimator) if config.peak_bytes is not None else None
-    choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator)
+    choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator,
+                                  regions)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
     cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
@@ -335,7 +366,10 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
         peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
         reference_check=choice.reference_check, pareto_points=choice.pareto_points,
-        pareto_png=choice.pareto_png)
+        pareto_png=choice.pareto_png, regions=choice.regions)
+    if regions.whole_forward_fraction() is not None and memory_budget is None:
+        report.notes.append(f"memory budget {budget:g} from a region annotation over the whole "
+                            "forward (region_activation_memory_budget)")
     log_report(report)
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)

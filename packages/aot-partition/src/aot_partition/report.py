@@ -23,6 +23,7 @@ from .sizes import node_nbytes
 
 if TYPE_CHECKING:
     from .reference import ReferenceCheck
+    from .region_budget import RegionOutcome
     from .solve import MinCutSolution
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,9 @@ class PartitionReport:
     # and the PNG it wrote. pareto.ParetoPoint values (pareto.py sits above this module).
     pareto_points: tuple[Any, ...] = ()
     pareto_png: str | None = None
+    # Under region budgets (several, or not over the whole forward): one row per region and
+    # one for the rest of the graph, with its budget, limit and saved bytes.
+    regions: list[RegionOutcome] = field(default_factory=list)
 
     def format(self) -> str:
         """A plain-text table for terminals."""
@@ -79,6 +83,7 @@ class PartitionReport:
                          "bytes (forward+backward, inputs and parameters included)")
         if self.reference_check is not None:
             lines.append(self.reference_check.describe())
+        lines.extend(region.describe() for region in self.regions)
         if self.active_rules:
             lines.append(f"ban rules: {', '.join(self.active_rules)}")
         for title, rows in (("saved", self.saved), ("recomputed", self.recomputed)):

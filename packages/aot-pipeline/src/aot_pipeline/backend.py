@@ -40,13 +40,17 @@ PartitionFn = Callable[..., tuple[fx.GraphModule, fx.GraphModule]]
 
 
 def default_options() -> PipelineOptions:
-    """Options from our flags: ``aot_config.functorch.activation_memory_budget`` and solver."""
-    from aot_config import functorch as functorch_flags
+    """Options from the flags: ``activation_memory_budget`` and ``..._solver`` as the
+    partitioner reads them (ours, or torch's ``torch._functorch.config`` flag of the same name
+    when only that one is set; both set to different values raise
+    ``aot_partition.FlagConflictError``: see aot_partition.flags), and our byte cap."""
+    from aot_partition import PartitionConfig
 
+    config = PartitionConfig.from_flags()
     return PipelineOptions(
-        memory_budget=float(functorch_flags.activation_memory_budget),
-        solver=str(functorch_flags.activation_memory_budget_solver),
-        memory_budget_bytes=functorch_flags.activation_memory_budget_bytes,
+        memory_budget=float(config.memory_budget),
+        solver=str(config.budget_solver),
+        memory_budget_bytes=config.memory_budget_bytes,
     )
 
 
@@ -97,13 +101,17 @@ def partitioner_cache_key(memory_budget: float, solver: str,
     ``aot_config.functorch`` flag as the partitioner will see them (budget and solver patched
     in, so a flag overridden by the options does not split the cache)."""
     from aot_config import functorch as functorch_flags
+    from aot_partition import PartitionConfig
 
     with functorch_flags.patch(activation_memory_budget=memory_budget,
                                activation_memory_budget_bytes=memory_budget_bytes,
                                activation_memory_budget_solver=solver):
         flags_hash = functorch_flags.get_hash().hex()
+        # The settings as the partitioner will read them, torch's flags of the same names
+        # included (aot_partition.flags).
+        settings = repr(PartitionConfig.from_flags())
     return ("aot_pipeline", _sources_digest(), repr(float(memory_budget)), solver,
-            repr(memory_budget_bytes), flags_hash)
+            repr(memory_budget_bytes), flags_hash, settings)
 
 
 def _restore_partitioner(memory_budget: float, solver: str, key_when_pickled: object,
