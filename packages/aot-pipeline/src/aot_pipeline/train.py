@@ -67,10 +67,12 @@ class TrainSettings:
     compiled_autograd: bool = False
     device: str = "cpu"
     variants: Sequence[str] = field(default_factory=lambda: VARIANTS)
+    memory_budget_best_effort: bool = False
 
     def pipeline_options(self) -> PipelineOptions:
         return PipelineOptions(memory_budget=self.memory_budget, solver=self.solver,
-                               compiler=self.compiler, compiled_autograd=self.compiled_autograd)
+                               compiler=self.compiler, compiled_autograd=self.compiled_autograd,
+                               memory_budget_best_effort=self.memory_budget_best_effort)
 
 
 def check_device(device: str) -> torch.device:
