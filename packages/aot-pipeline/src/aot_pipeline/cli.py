@@ -40,6 +40,8 @@ MAX_LAYERS = 64
 MAX_STEPS = 100_000
 _WHOLE_NUMBER = re.compile(r"^\s*[0-9]{1,18}\s*$", re.ASCII)
 _echo = echo_value
+_LONG_WORD_KEPT = 200
+_LONG_WORD = re.compile(rf"\S{{{_LONG_WORD_KEPT + 1},}}")
 
 
 class UsageError(Exception):
@@ -52,7 +54,9 @@ class OutputError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        # argparse quotes the bad value in full ("invalid choice: '...'"): shorten long ones.
+        raise UsageError(_LONG_WORD.sub(
+            lambda m: f"{m[0][:_LONG_WORD_KEPT]}... ({len(m[0])} chars)", message))
 
 
 def _budget(text: str) -> float:
@@ -280,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _best_effort_warnings_as_lines():
             return command(args)
     except (UsageError, PipelineOptionError, OutputError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        print(f"{PROG}: error: {_one_line(str(error))}", file=sys.stderr)
         return USAGE_ERROR
     except Exception as error:
         unreachable = _unreachable_budget(error)
@@ -290,6 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--memory-budget {unreachable.least}B or more, or --memory-budget-best-effort "
               "to take that cut with a warning", file=sys.stderr)
         return USAGE_ERROR
+
+
+def _one_line(message: str) -> str:
+    """``message`` with control characters (a newline or CR typed into an argument) escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in message)
 
 
 def _unreachable_budget(error: BaseException) -> Any:
