@@ -136,6 +136,12 @@ def _checked_output_path(text: str, suffix: str | None) -> Path:
         mode: int | None = os.stat(path).st_mode
     except FileNotFoundError:
         mode = None
+    except NotADirectoryError:  # a file where a folder of the path should be
+        ancestor = path.absolute().parent
+        while not ancestor.is_file() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        raise OutputError(f"cannot write {_echo(text)}: {str(ancestor)!r} is not a "
+                          "directory") from None
     except OSError as error:  # a link loop, a name too long, a file used as a folder ...
         raise OutputError(_os_error_words(text, error)) from None
     if mode is not None and stat.S_ISDIR(mode):
@@ -148,6 +154,9 @@ def _checked_output_path(text: str, suffix: str | None) -> Path:
                               "regular file; give a file path")
         if not os.access(path, os.W_OK):
             raise OutputError(f"cannot write {_echo(text)}: the file is not writable")
+        if not os.access(path.absolute().parent, os.W_OK | os.X_OK):  # the new copy goes there
+            raise OutputError(f"cannot write {_echo(text)}: directory "
+                              f"{str(path.absolute().parent)!r} is not writable")
         return path
     if path.is_symlink():
         raise OutputError(f"cannot write {_echo(text)}: it is a link to a missing file; give "
