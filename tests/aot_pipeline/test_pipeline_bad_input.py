@@ -305,3 +305,27 @@ def test_steps_in_other_scripts_are_not_numbers(capsys):
     assert _error_of(capsys, "pareto", "--budgets", "1,٠.٥") == (
         "aot-pipeline: error: argument --budgets: memory_budget must be a number in [0, 1] such "
         "as 0.5, got '٠.٥'")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("1e400MiB", "memory_budget '1e400MiB' is too large: at most 9223372036854775807 bytes "
+                 "(8 EiB)"),
+    ("half", NOT_A_BUDGET.format("half")),
+    ("５MiB", NOT_A_BUDGET.format("５MiB")),
+    ("1e400", "memory_budget must be in [0, 1] (1.0 saves every activation the min-cut keeps, "
+              "0.0 recomputes as much as possible), got inf (or give a size with a unit, e.g. "
+              "'300MiB', for a cap in bytes)"),
+])
+def test_cli_memory_budget_errors_are_one_line(capsys, value, message):
+    for command in ("train", "partition"):
+        assert _error_of(capsys, command, "--memory-budget", value) == (
+            f"aot-pipeline: error: argument --memory-budget: {message}")
+
+
+def test_cli_control_characters_and_long_values_stay_on_one_line(capsys):
+    assert _error_of(capsys, "train", "\r0") == (
+        "aot-pipeline: error: unrecognized arguments: \\r0")
+    long_model = "m" * 5000
+    assert _error_of(capsys, "train", "--model", long_model) == (
+        f"aot-pipeline: error: argument --model: invalid choice: '{'m' * 199}... (5002 chars) "
+        "(choose from 'mlp', 'gpt', 'llama', 'convnet')")
