@@ -55,8 +55,10 @@ class OutputError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # argparse quotes the bad value in full ("invalid choice: '...'"): shorten long ones.
+        # Our own checks' messages come here too, already shortened (ending in "...").
         raise UsageError(_LONG_WORD.sub(
-            lambda m: f"{m[0][:_LONG_WORD_KEPT]}... ({len(m[0])} chars)", message))
+            lambda m: m[0] if m[0].endswith("...")
+            else f"{m[0][:_LONG_WORD_KEPT]}... ({len(m[0])} chars)", message))
 
 
 def _budget(text: str) -> float:
