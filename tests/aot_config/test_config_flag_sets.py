@@ -45,6 +45,7 @@ FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save
                     "activation_memory_budget_runtime_estimator": "roofline",
                     "activation_memory_budget_reference_estimator": "flops",
                     "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None,
+                    "activation_memory_budget_best_effort": False,
                     "lazy_partition_modules": True}
 
 # torch/_dynamo/config.py (seed 001), without the values that depend on the machine.

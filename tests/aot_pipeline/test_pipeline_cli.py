@@ -178,8 +178,8 @@ def test_counts_budgets_and_variants_are_checked_before_torch_is_imported():
         (("train", "--steps", "1e9"), "argument --steps: '1e9' is not a whole number"),
         (("pareto", "--budgets", "1,,0"), "argument --budgets: '1,,0' has an empty item; give "
                                           "budgets in [0, 1] separated by commas, e.g. 1,0.5,0"),
-        (("pareto", "--budgets", "1,half"), "argument --budgets: 'half' is not a number in "
-                                            "[0, 1]"),
+        (("pareto", "--budgets", "1,half"), "argument --budgets: memory_budget must be a number "
+                                            "in [0, 1] such as 0.5, got 'half'"),
         (("train", "--variants", "eager,jax"), "argument --variants: unknown variant(s) jax; "
                                                "choose from eager, inductor, aot_pipeline"),
     ]

@@ -35,7 +35,8 @@ def test_a_factory_by_path_is_partitioned_like_the_module_itself(capsys):
     built = ModelSpec("factory", f"{FACTORIES}:mlp").build()
     joint = trace_joint(built.module, built.make_inputs())
     direct = explain_partition(joint.module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs,
-                               memory_budget=0.5)
+                               memory_budget=0.5,
+                               static_lifetime_input_indices=joint.static_input_indices)
     assert int(header["saved"]) == len(direct.saved)
     assert int(header["recomputed"]) == len(direct.recomputed)
 
@@ -130,7 +131,8 @@ def test_an_exported_program_is_partitioned_like_its_module(capsys, tmp_path):
     assert header["label"] == f"exported:{path}"
     joint = trace_joint(module, example)
     direct = explain_partition(joint.module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs,
-                               memory_budget=0.5)
+                               memory_budget=0.5,
+                               static_lifetime_input_indices=joint.static_input_indices)
     assert int(header["saved"]) == len(direct.saved)
     assert int(header["recomputed"]) == len(direct.recomputed)
     png = tmp_path / "front.png"

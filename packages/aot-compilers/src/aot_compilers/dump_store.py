@@ -40,6 +40,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -92,13 +93,26 @@ def _warn_unlocked(lock_file: Path, why: str) -> None:
 
 @contextlib.contextmanager
 def _flock(lock_file: Path, *, required: bool) -> Iterator[bool]:
-    """Hold an exclusive lock on ``lock_file``; yields whether a real lock is held."""
+    """Hold an exclusive lock on ``lock_file``; yields whether a real lock is held.
+
+    The lock file is opened without following a link (``O_NOFOLLOW``) and must be a regular
+    file: a link planted there would make the lock create or lock a file outside the dump
+    folder, so a link (or a FIFO, a device) there is a GraphDumpError, for readers too.
+    """
+    if os.path.islink(lock_file):
+        raise GraphDumpError(_not_a_lock(lock_file, "a symbolic link"))
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(lock_file, flags, 0o666)
     except OSError as error:
+        if error.errno == errno.ELOOP:  # became a link since the check above
+            raise GraphDumpError(_not_a_lock(lock_file, "a symbolic link")) from None
         if required:
             raise GraphDumpError(f"cannot create the dump lock {lock_file}: {error}") from error
         fd = None
+    if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise GraphDumpError(_not_a_lock(lock_file, "not a regular file"))
     if fd is None:
         yield False  # a reader of a read-only or missing dump: read without the lock
         return
@@ -119,6 +133,11 @@ def _flock(lock_file: Path, *, required: bool) -> Iterator[bool]:
                 fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _not_a_lock(lock_file: Path, what: str) -> str:
+    return (f"the dump lock {lock_file} is {what}; refusing to use it (a lock must be a regular "
+            "file beside the dump folder): remove it and dump again")
 
 
 def make_root(root: Path) -> None:

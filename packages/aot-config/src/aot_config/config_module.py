@@ -70,6 +70,24 @@ BOOL_SPELLINGS: dict[str, bool] = {
 }
 
 
+# A value longer than this (as repr) is shortened in error messages: an environment variable
+# or a loaded value can be megabytes long.
+_REPR_LIMIT = 200
+
+
+def _short_repr(value: Any) -> str:
+    """``repr(value)``, cut to ``_REPR_LIMIT`` characters with the full length said."""
+    text = repr(value)
+    if len(text) <= _REPR_LIMIT:
+        return text
+    return f"{text[:_REPR_LIMIT]}... ({len(text)} characters)"
+
+
+def _without_value(message: str, value: Any) -> str:
+    """A check's message without its ``= <value>`` (the caller names the value itself)."""
+    return message.replace(f" = {_short_repr(value)}", "", 1)
+
+
 class InertFlagWarning(UserWarning):
     """A legacy flag that is still accepted but no longer does anything was set."""
 
@@ -157,12 +175,13 @@ class Flag:
         """Return ``value`` (ints widened to float for float flags) or raise ValueError."""
         if not matches_type(value, self.type):
             raise ValueError(
-                f"{self.qualified_name} = {value!r} is not valid: expected {self.type_name()}, "
+                f"{self.qualified_name} = {_short_repr(value)} is not valid: expected "
+                f"{self.type_name()}, "
                 f"got {type(value).__name__}"
             )
         if self.choices is not None and value not in self.choices:
             raise ValueError(
-                f"{self.qualified_name} = {value!r} is not valid: expected one of "
+                f"{self.qualified_name} = {_short_repr(value)} is not valid: expected one of "
                 f"{', '.join(repr(c) for c in self.choices)}"
             )
         if self.range is not None and value is not None:
@@ -170,13 +189,16 @@ class Flag:
             out_of_range = (low is not None and value < low) or (high is not None and value > high)
             if out_of_range or value != value:  # NaN compares false with every bound
                 raise ValueError(
-                    f"{self.qualified_name} = {value!r} is not valid: expected a number in "
+                    f"{self.qualified_name} = {_short_repr(value)} is not valid: expected a "
+                    f"number in "
                     f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
                 )
         if self.validator is not None:
             problem = self.validator(value)
             if problem:
-                raise ValueError(f"{self.qualified_name} = {value!r} is not valid: {problem}")
+                raise ValueError(
+                    f"{self.qualified_name} = {_short_repr(value)} is not valid: {problem}"
+                )
         members = _type_members(self.type)
         if type(value) is int and float in members and int not in members:
             value = float(value)
@@ -197,7 +219,10 @@ class Flag:
             try:
                 setattr(self, slot, self.check(parsed))
             except ValueError as error:
-                raise ValueError(f"environment variable {variable}={raw!r}: {error}") from None
+                raise ValueError(
+                    f"environment variable {variable}={_short_repr(raw)}: "
+                    f"{_without_value(str(error), parsed)}"
+                ) from None
 
 
 def flag(
@@ -298,7 +323,8 @@ def parse_env_bool(raw: str, variable: str) -> bool:
     if key in BOOL_SPELLINGS:
         return BOOL_SPELLINGS[key]
     raise ValueError(
-        f"environment variable {variable}={raw!r} is not a boolean: accepted spellings are "
+        f"environment variable {variable}={_short_repr(raw)} is not a boolean: accepted "
+        f"spellings are "
         f"{'/'.join(BOOL_SPELLINGS)} (any case)"
     )
 
@@ -317,7 +343,7 @@ def parse_env_value(raw: str, tp: Any, variable: str) -> Any:
             except ValueError:
                 if str not in members and (number_type is float or float not in members):
                     raise ValueError(
-                        f"environment variable {variable}={raw!r} is not a valid "
+                        f"environment variable {variable}={_short_repr(raw)} is not a valid "
                         f"{describe_type(tp)}"
                     ) from None
     if str in members or Any in members:
@@ -571,8 +597,9 @@ class ConfigModule(types.ModuleType):
             )
         if flag.forced_by_env and value != flag.env_forced_value:
             warnings.warn(
-                f"{flag.qualified_name} is forced to {flag.env_forced_value!r} by the environment "
-                f"variable {flag.env_forces}; the new value {value!r} has no effect while it is set",
+                f"{flag.qualified_name} is forced to {_short_repr(flag.env_forced_value)} by the "
+                f"environment variable {flag.env_forces}; the new value {_short_repr(value)} has "
+                "no effect while it is set",
                 UserWarning,
                 stacklevel=stacklevel,
             )
@@ -766,7 +793,7 @@ class ConfigModule(types.ModuleType):
             )
         unknown = [key for key in config if key not in self._flags]
         if unknown and strict:
-            shown = ", ".join(map(repr, unknown[:8]))
+            shown = ", ".join(_short_repr(name) for name in unknown[:8])
             more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
             hints = _suggest(unknown[0], list(self._flags)) if isinstance(unknown[0], str) else ""
             raise ConfigLoadError(
@@ -789,9 +816,10 @@ class ConfigModule(types.ModuleType):
             except ValueError as error:
                 raise ConfigLoadError(f"{who}: {error}") from None
         if unknown:
+            shown = ", ".join(_short_repr(name) for name in unknown[:8])
+            more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
             warnings.warn(
-                f"{who} skipped {len(unknown)} name(s) with no flag here: "
-                f"{', '.join(map(repr, unknown))}",
+                f"{who} skipped {len(unknown)} name(s) with no flag here: {shown}{more}",
                 UserWarning,
                 stacklevel=2,
             )

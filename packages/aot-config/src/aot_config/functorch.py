@@ -141,6 +141,13 @@ activation_memory_budget_bytes: int | None = flag(
     doc="Cap on saved activation bytes (parameters excluded); overrides the fraction when set.",
 )
 
+activation_memory_budget_best_effort: bool = flag(
+    False,
+    doc="When a byte cap (activation_memory_budget_bytes or activation_memory_peak_bytes) is "
+        "unreachable, take the cut closest to it with a warning instead of raising "
+        "UnreachableMemoryBudgetError.",
+)
+
 activation_memory_peak_bytes: int | None = flag(
     None,
     type=int | None,

@@ -35,6 +35,12 @@ FORMAT = "aot_config.save_config"
 VERSION = 1
 
 _TAGS = ("tuple", "set", "frozenset", "dict", "object")
+# Bounds on what load_config reads: a saved config is a few KiB (every flag of a module), so
+# these only stop data that would exhaust memory, the stack or the CPU before it is refused.
+MAX_SAVED_BYTES = 4 * 2**20      # the whole document
+MAX_DEPTH = 64                   # nesting of arrays and objects
+MAX_NUMBER_CHARS = 100           # digits (and sign, point, exponent) of one number
+MAX_FLAGS = 10_000               # names in "flags"
 _PLAIN = "None, bool, int, float, str, and lists, tuples, sets and dicts of those"
 _EXPECTED = (
     "expected bytes from save_config() (a JSON document), a dict of flag values, or, with "
@@ -206,6 +212,11 @@ def decode_saved(who: str, module_name: str, data: bytes, *, allow_pickle: bool)
 
     Every problem raises one ConfigLoadError that starts with ``who``.
     """
+    if len(data) > MAX_SAVED_BYTES:
+        raise ConfigLoadError(
+            f"{who}: the data is {len(data)} bytes; a saved config is at most {MAX_SAVED_BYTES} "
+            f"bytes (4 MiB)"
+        )
     head = data.lstrip()[:1]
     if head == b"{":
         return _decode_json(who, module_name, data)
@@ -237,13 +248,23 @@ def decode_saved(who: str, module_name: str, data: bytes, *, allow_pickle: bool)
 
 def _decode_json(who: str, module_name: str, data: bytes) -> dict[str, Any]:
     try:
-        document = json.loads(data.decode("utf-8"))
+        document = json.loads(data.decode("utf-8"), parse_int=_bounded_int,
+                              parse_float=_bounded_float)
     except UnicodeDecodeError as error:
         raise ConfigLoadError(f"{who}: the data is not UTF-8 JSON: {error}") from None
     except json.JSONDecodeError as error:
         raise ConfigLoadError(
             f"{who}: the data is not valid JSON ({error}; truncated?); {_EXPECTED}"
         ) from None
+    except _NumberTooLong as error:
+        raise ConfigLoadError(
+            f"{who}: a number in the data has {error.length} characters; at most "
+            f"{MAX_NUMBER_CHARS} are read"
+        ) from None
+    except RecursionError:
+        raise ConfigLoadError(_too_deep(who)) from None
+    if _depth(document) > MAX_DEPTH:
+        raise ConfigLoadError(_too_deep(who))
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ConfigLoadError(
             f'{who}: the JSON is not a save_config() document (no "format": "{FORMAT}"); '
@@ -263,4 +284,47 @@ def _decode_json(who: str, module_name: str, data: bytes) -> dict[str, Any]:
     flags = document.get("flags")
     if not isinstance(flags, dict):
         raise ConfigLoadError(f'{who}: "flags" must be an object of flag names to values')
+    if len(flags) > MAX_FLAGS:
+        raise ConfigLoadError(
+            f'{who}: "flags" has {len(flags)} names; a saved config has at most {MAX_FLAGS}'
+        )
     return {name: decode_value(value, f"{who}: {name}") for name, value in flags.items()}
+
+
+class _NumberTooLong(ValueError):
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _NumberTooLong(len(text))
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise _NumberTooLong(len(text))
+    return float(text)
+
+
+def _too_deep(who: str) -> str:
+    return (f"{who}: the data nests arrays and objects more than {MAX_DEPTH} deep; a saved "
+            f"config nests a few levels")
+
+
+def _depth(document: Any) -> int:
+    """How deep ``document`` nests lists and dicts (iterative: no recursion to exhaust)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            if depth > MAX_DEPTH:
+                return depth
+            pending += [(item, depth + 1) for item in value]
+    return deepest

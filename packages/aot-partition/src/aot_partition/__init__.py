@@ -33,6 +33,7 @@ from .memory_plot import write_memory_timeline_png
 from .mincut import FlowNetwork, MinCut, get_solver
 from .pareto import memory_budget_pareto
 from .partitioners import (
+    MemoryBudgetBestEffortWarning,
     default_partition,
     explain_partition,
     min_cut_rematerialization_partition,
@@ -51,6 +52,7 @@ __all__ = [
     "InfeasibleMinCutError",
     "LiveBuffer",
     "MeasuredMemory",
+    "MemoryBudgetBestEffortWarning",
     "MemoryStep",
     "MemoryTimeline",
     "MinCut",

@@ -63,6 +63,7 @@ _FLAG_OF_FIELD = {
     "memory_budget": "activation_memory_budget",
     "memory_budget_bytes": "activation_memory_budget_bytes",
     "peak_bytes": "activation_memory_peak_bytes",
+    "best_effort": "activation_memory_budget_best_effort",
     "budget_solver": "activation_memory_budget_solver",
     "runtime_estimator": "activation_memory_budget_runtime_estimator",
     "reference_estimator": "activation_memory_budget_reference_estimator",
@@ -87,6 +88,8 @@ class PartitionConfig:
     memory_budget: float = 1.0
     memory_budget_bytes: int | None = None
     peak_bytes: int | None = None
+    # An unreachable byte cap takes the closest cut with a warning instead of raising.
+    best_effort: bool = False
     budget_solver: str = "dp"
     runtime_estimator: str = "roofline"
     # A fraction budget's cut must be no worse than this estimator's (reference.py); None: off.

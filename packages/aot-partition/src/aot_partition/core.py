@@ -128,17 +128,27 @@ class CoreNode:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise CoreGraphError(f"node id must be a non-empty string; got {self.id!r}")
-        if not isinstance(self.inputs, tuple):
-            object.__setattr__(self, "inputs", tuple(self.inputs))
-        if self.category not in CATEGORIES:
+        object.__setattr__(self, "inputs", _input_ids(self.id, self.inputs))
+        if not isinstance(self.category, str) or self.category not in CATEGORIES:
             raise CoreGraphError(f"node '{self.id}' has unknown category {self.category!r}; "
                                  f"valid categories: {', '.join(CATEGORIES)}")
-        if not self.nbytes >= 0:
-            raise CoreGraphError(f"node '{self.id}' has nbytes {self.nbytes!r}; must be >= 0")
-        if self.save_cost is not None and not self.save_cost >= 0:
+        if not _is_int(self.nbytes) or self.nbytes < 0:
+            raise CoreGraphError(f"node '{self.id}' has nbytes {self.nbytes!r}; must be an int "
+                                 ">= 0 (the bytes of its output)")
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise CoreGraphError(f"node '{self.id}' has {name} {getattr(self, name)!r}; "
+                                     "must be True or False")
+        if not _is_number(self.runtime) or not 0 <= self.runtime < math.inf:
+            raise CoreGraphError(f"node '{self.id}' has runtime {self.runtime!r}; must be a "
+                                 "finite number >= 0")
+        if self.ban is not None and (not isinstance(self.ban, str) or not self.ban):
+            raise CoreGraphError(f"node '{self.id}' has ban {self.ban!r}; must be a non-empty "
+                                 "string (the reason) or None")
+        if self.save_cost is not None and (not _is_number(self.save_cost)
+                                           or not self.save_cost >= 0):
             raise CoreGraphError(f"node '{self.id}' has save_cost {self.save_cost!r}; must be "
                                  ">= 0 (math.inf: cannot be saved) or None")
-
 
     @classmethod
     def unchecked(cls, **fields: Any) -> CoreNode:
@@ -152,6 +162,41 @@ class CoreNode:
 
 
 _UNCHECKED_DEFAULTS: dict[str, Any] = {"runtime": 0.0, "ban": None}
+_BOOL_FIELDS = ("forward", "backward", "in_backward", "allow_recompute", "must_recompute")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, (bool, np.bool_)))
+
+
+def _input_ids(node_id: str, inputs: object) -> tuple[str, ...]:
+    """``inputs`` as a tuple of ids; a lone string is refused (it would split into letters)."""
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
+        raise CoreGraphError(f"node '{node_id}' has inputs {inputs!r}; must be a tuple of node "
+                             f"ids, e.g. ({inputs!r},) for one input")
+    ids = tuple(inputs)
+    bad = [i for i in ids if not isinstance(i, str)]
+    if bad:
+        raise CoreGraphError(f"node '{node_id}' has input {bad[0]!r}; inputs must be node ids "
+                             "(strings)")
+    return ids
+
+
+def _id_collection(what: str, ids: object) -> list[str]:
+    """A call's ``release`` as a list of ids; a lone string is refused like ``inputs``."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise CoreGraphError(f"{what} must be a collection of node ids, got {ids!r}; e.g. "
+                             f"({ids!r},) for one node")
+    listed = list(ids)
+    bad = [i for i in listed if not isinstance(i, str)]
+    if bad:
+        raise CoreGraphError(f"{what} names {bad[0]!r}; node ids are strings")
+    return listed
 
 
 @dataclass(frozen=True)
@@ -377,8 +422,12 @@ def _ban_reasons(graph: CoreGraph, bans: Mapping[str, str] | None,
                  release: Collection[str]) -> dict[int, str]:
     """Position -> ban reason, in node order: the node's own, the call's, the category's."""
     index = graph.index
-    call = _positions(graph, bans or {})
-    released = {index[name] for name in release if name in index}
+    call = _positions(graph, bans if bans is not None else {})
+    names = _id_collection("release", release)
+    unknown = [name for name in names if name not in index]
+    if unknown:
+        raise CoreGraphError(f"release names unknown node '{unknown[0]}'")
+    released = {index[name] for name in names}
     bannable = graph.structure.bannable
     found: dict[int, str] = {}
     for i in sorted(_candidates(graph) | call.keys()):
@@ -396,10 +445,15 @@ def _ban_reasons(graph: CoreGraph, bans: Mapping[str, str] | None,
 def _positions(graph: CoreGraph, bans: Mapping[str, str]) -> dict[int, str]:
     """The call's bans by position; an unknown id is an error."""
     index = graph.index
+    if not isinstance(bans, Mapping):
+        raise CoreGraphError(f"bans must be a mapping of node id to reason, got {bans!r}")
     found = {}
     for name, why in bans.items():
         if name not in index:
-            raise CoreGraphError(f"ban names unknown node '{name}'")
+            raise CoreGraphError(f"ban names unknown node {name!r}")
+        if not isinstance(why, str) or not why:
+            raise CoreGraphError(f"ban of node '{name}' is {why!r}; must be a non-empty string "
+                                 "(the reason)")
         found[index[name]] = why
     return found
 
@@ -565,6 +619,12 @@ def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEF
     """
     if not isinstance(graph, CoreGraph):
         graph = CoreGraph(tuple(graph))
+    for name, value in (("recompute_views", recompute_views),
+                        ("parameters_are_free", parameters_are_free)):
+        if not isinstance(value, bool):
+            raise CoreGraphError(f"{name} must be True or False, got {value!r}")
+    if not isinstance(solver, str):
+        raise CoreGraphError(f"solver must be a solver name (a string), got {solver!r}")
     banned = _ban_reasons(graph, bans, release)
     network = build_network(graph, banned, recompute_views=recompute_views,
                             parameters_are_free=parameters_are_free)

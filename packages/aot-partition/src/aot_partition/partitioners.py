@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -36,6 +37,7 @@ from .caps import (
 )
 from .classify import NodeInfo, classify
 from .config import PartitionConfig
+from .errors import UnreachableMemoryBudgetError
 from .extract import default_saved_values, extract_forward_backward
 from .graph_modules import make_graph_module
 from .pareto import ParetoPoint, sweep, write_pareto_png
@@ -53,6 +55,7 @@ from .trace import trace_partition
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "MemoryBudgetBestEffortWarning",
     "default_partition",
     "explain_partition",
     "min_cut_rematerialization_partition",
@@ -217,9 +220,34 @@ def _cap_words(config: PartitionConfig) -> str:
     return " and ".join(words)
 
 
+class MemoryBudgetBestEffortWarning(UserWarning):
+    """A byte cap was unreachable and ``activation_memory_budget_best_effort`` took the cut
+    closest to it; the message says the cap, what was saved instead and by which cut."""
+
+
+def _within_caps_best_effort(search: BudgetSearch, caps: list[Cap]) -> Any:
+    """``within_caps``; each cap that nothing meets is raised to the least its measure reaches
+    (the error carries it), once per cap, with a warning saying so."""
+    for _ in range(len(caps) + 1):
+        try:
+            return within_caps(search, caps)
+        except UnreachableMemoryBudgetError as error:
+            failing = next(i for i, cap in enumerate(caps)
+                           if str(error).startswith(cap.what) and cap.limit == error.cap
+                           and cap.limit < error.least)
+            caps[failing] = dataclasses.replace(caps[failing], limit=error.least)
+            message = (f"{error}; best effort (activation_memory_budget_best_effort): took the "
+                       f"{error.least_label} cut at {error.least} bytes")
+            log.info("%s", message)
+            warnings.warn(message, MemoryBudgetBestEffortWarning, stacklevel=2)
+    raise AssertionError("best effort: a cap raised to its least reachable measure still fails")
+
+
 def _choose_under_caps(search: BudgetSearch, config: PartitionConfig,
                        peak: SimulatedPeak | None) -> _Choice:
-    chosen = within_caps(search, _caps(search, config, peak))
+    caps = _caps(search, config, peak)
+    chosen = (_within_caps_best_effort(search, caps) if config.best_effort
+              else within_caps(search, caps))
     saved = list(chosen.saved)
     nbytes = activation_bytes(search, chosen)
     simulated = peak(chosen) if peak is not None else None  # cached: measured while choosing

@@ -83,7 +83,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     solver: str = "dp",
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
     mode: str | None = None, options: dict[str, Any] | None = None,
-    record_partitions: bool = True,
+    record_partitions: bool = True, memory_budget_best_effort: bool = False,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
@@ -97,6 +97,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``record_partitions`` (default True) keeps every partition in ``partitions`` by keeping
     Inductor's FX graph and AOTAutograd caches off for these graphs; False keeps the caches on,
     as ``torch.compile(backend="aot_pipeline")`` does, so a second process starts warm.
+    A byte cap no cut reaches fails the compile with ``UnreachableMemoryBudgetError`` (naming
+    the least reachable size; torch.compile wraps it); ``memory_budget_best_effort=True`` takes
+    the closest cut instead, with a ``MemoryBudgetBestEffortWarning`` saying what it saved.
     Bad values raise ``PipelineOptionError`` (a ValueError).
     """
     if not callable(model):
@@ -108,5 +111,6 @@ def compile(  # noqa: A001 - mirrors torch.compile
     pipeline_options = PipelineOptions(
         memory_budget=memory_budget, solver=solver, compiler=compiler,
         compiled_autograd=compiled_autograd, mode=mode,
-        inductor_options=inductor_pairs(options or {}))
+        inductor_options=inductor_pairs(options or {}),
+        memory_budget_best_effort=memory_budget_best_effort)
     return CompiledModel(model, pipeline_options, dynamic, record_partitions)

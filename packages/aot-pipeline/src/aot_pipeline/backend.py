@@ -51,6 +51,7 @@ def default_options() -> PipelineOptions:
         memory_budget=float(config.memory_budget),
         solver=str(config.budget_solver),
         memory_budget_bytes=config.memory_budget_bytes,
+        memory_budget_best_effort=bool(config.best_effort),
     )
 
 
@@ -63,9 +64,11 @@ def make_partition_fn(options: PipelineOptions,
         from aot_config import functorch as functorch_flags
         from aot_partition import min_cut_rematerialization_partition
 
-        with functorch_flags.patch(activation_memory_budget=options.memory_budget,
-                                   activation_memory_budget_bytes=options.memory_budget_bytes,
-                                   activation_memory_budget_solver=options.solver):
+        with functorch_flags.patch(
+                activation_memory_budget=options.memory_budget,
+                activation_memory_budget_bytes=options.memory_budget_bytes,
+                activation_memory_budget_best_effort=options.memory_budget_best_effort,
+                activation_memory_budget_solver=options.solver):
             forward, backward = min_cut_rematerialization_partition(
                 joint_module, joint_inputs, **kwargs)
         if recorder is not None:
@@ -95,7 +98,8 @@ def _sources_digest() -> str:
 
 
 def partitioner_cache_key(memory_budget: float, solver: str,
-                          memory_budget_bytes: int | None = None) -> tuple[str, ...]:
+                          memory_budget_bytes: int | None = None,
+                          best_effort: bool = False) -> tuple[str, ...]:
     """What decides how our partitioner splits a joint graph, for Inductor's and AOTAutograd's
     cache keys: our sources, the budget and solver, and the hash of every compile-relevant
     ``aot_config.functorch`` flag as the partitioner will see them (budget and solver patched
@@ -105,21 +109,24 @@ def partitioner_cache_key(memory_budget: float, solver: str,
 
     with functorch_flags.patch(activation_memory_budget=memory_budget,
                                activation_memory_budget_bytes=memory_budget_bytes,
+                               activation_memory_budget_best_effort=best_effort,
                                activation_memory_budget_solver=solver):
         flags_hash = functorch_flags.get_hash().hex()
         # The settings as the partitioner will read them, torch's flags of the same names
         # included (aot_partition.flags).
         settings = repr(PartitionConfig.from_flags())
     return ("aot_pipeline", _sources_digest(), repr(float(memory_budget)), solver,
-            repr(memory_budget_bytes), flags_hash, settings)
+            repr(memory_budget_bytes), repr(best_effort), flags_hash, settings)
 
 
 def _restore_partitioner(memory_budget: float, solver: str, key_when_pickled: object,
-                         memory_budget_bytes: int | None = None) -> AotPipelinePartitioner:
+                         memory_budget_bytes: int | None = None,
+                         best_effort: bool = False) -> AotPipelinePartitioner:
     # The key rides in the pickle only so that a cache hashing the pickled config covers it;
     # a restored partitioner computes its own from the flags of the process it lands in.
     del key_when_pickled
-    return AotPipelinePartitioner(memory_budget, solver, memory_budget_bytes=memory_budget_bytes)
+    return AotPipelinePartitioner(memory_budget, solver, memory_budget_bytes=memory_budget_bytes,
+                                  best_effort=best_effort)
 
 
 class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore[misc]
@@ -133,15 +140,17 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
 
     def __init__(self, memory_budget: float, solver: str,
                  recorder: PartitionRecorder | None = None, *,
-                 memory_budget_bytes: int | None = None) -> None:
+                 memory_budget_bytes: int | None = None, best_effort: bool = False) -> None:
         self.memory_budget = memory_budget
         self.memory_budget_bytes = memory_budget_bytes
+        self.best_effort = best_effort
         self.solver = solver
         self.recorder = recorder
-        self._key = partitioner_cache_key(memory_budget, solver, memory_budget_bytes)
+        self._key = partitioner_cache_key(memory_budget, solver, memory_budget_bytes, best_effort)
         self._partition = make_partition_fn(
             PipelineOptions(memory_budget=memory_budget, solver=solver,
-                            memory_budget_bytes=memory_budget_bytes), recorder)
+                            memory_budget_bytes=memory_budget_bytes,
+                            memory_budget_best_effort=best_effort), recorder)
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object],
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -151,12 +160,13 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
         return self._key
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore_partitioner,
-                (self.memory_budget, self.solver, self._key, self.memory_budget_bytes))
+        return (_restore_partitioner, (self.memory_budget, self.solver, self._key,
+                                       self.memory_budget_bytes, self.best_effort))
 
     def __repr__(self) -> str:
         nbytes = (f", memory_budget_bytes={self.memory_budget_bytes}"
                   if self.memory_budget_bytes is not None else "")
+        nbytes += ", best_effort=True" if self.best_effort else ""
         return (f"AotPipelinePartitioner(memory_budget={self.memory_budget}{nbytes}, "
                 f"solver={self.solver!r})")
 
@@ -230,7 +240,8 @@ def _inductor_backend(options: PipelineOptions,
             # A new one per graph: its cache key reads the flags as they are now.
             "custom_partitioner_fn": AotPipelinePartitioner(
                 float(options.memory_budget), options.solver, recorder,
-                memory_budget_bytes=options.memory_budget_bytes),
+                memory_budget_bytes=options.memory_budget_bytes,
+                best_effort=options.memory_budget_best_effort),
         }
         if recorder is not None and recorder.bypass_caches:
             # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder

@@ -6,12 +6,16 @@ Bad arguments end with exit status 2 and one line on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import re
+import stat
 import sys
+import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,9 +26,10 @@ from .options import (
     COMPILERS,
     SOLVERS,
     PipelineOptionError,
+    echo_value,
+    parse_fraction,
     parse_key_values,
     parse_memory_budget,
-    validate_memory_budget,
 )
 
 log = logging.getLogger(__name__)
@@ -35,24 +40,32 @@ USAGE_ERROR = 2
 # for 10) would run for hours before anyone noticed.
 MAX_LAYERS = 64
 MAX_STEPS = 100_000
+_WHOLE_NUMBER = re.compile(r"^\s*[0-9]{1,18}\s*$", re.ASCII)
+_echo = echo_value
+_LONG_WORD_KEPT = 200
+_LONG_WORD = re.compile(rf"\S{{{_LONG_WORD_KEPT + 1},}}")
 
 
 class UsageError(Exception):
     """A bad command line; printed as one line."""
 
 
+class OutputError(Exception):
+    """An output file could not be written; printed as one line (nothing is left behind)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        # argparse quotes the bad value in full ("invalid choice: '...'"): shorten long ones.
+        # Our own checks' messages come here too, already shortened (ending in "...").
+        raise UsageError(_LONG_WORD.sub(
+            lambda m: m[0] if m[0].endswith("...")
+            else f"{m[0][:_LONG_WORD_KEPT]}... ({len(m[0])} chars)", message))
 
 
 def _budget(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number in [0, 1]") from None
-    try:
-        return validate_memory_budget(value)
+        return parse_fraction(text)
     except PipelineOptionError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -67,10 +80,10 @@ def _budget_or_size(text: str) -> float | str:
 
 
 def _whole_number(text: str, maximum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    # ASCII digits only: int() also reads "５" and "1_000".
+    if not _WHOLE_NUMBER.match(text):
+        raise argparse.ArgumentTypeError(f"{_echo(text)} is not a whole number") from None
+    value = int(text)
     if not 1 <= value <= maximum:
         raise argparse.ArgumentTypeError(f"must be between 1 and {maximum}, got {value}")
     return value
@@ -140,33 +153,110 @@ def model_spec(args: argparse.Namespace) -> Any:
 def _output_file(suffix: str | None) -> Any:
     """An argparse type for a file the command writes at the end: checked before any work.
 
-    The path must not be a directory, must end in ``suffix`` (when given), and its nearest
-    existing ancestor must be a writable directory (missing folders are created on write).
+    The path must end in ``suffix`` (when given) and be a regular file (or a link to one) or
+    not exist yet, under a writable directory (missing folders are created on write): a FIFO
+    would block the write, a device would swallow or refuse it, a directory cannot take it.
     """
 
     def check(text: str) -> Path:
-        path = Path(text)
-        if path.is_dir():
-            raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
-        if suffix is not None and path.suffix.lower() != suffix:
-            raise argparse.ArgumentTypeError(f"{text!r} must name a {suffix} file")
-        ancestor = path.absolute().parent
-        while not ancestor.exists():
-            ancestor = ancestor.parent
-        if not ancestor.is_dir():
-            raise argparse.ArgumentTypeError(f"cannot write {text!r}: {str(ancestor)!r} is not "
-                                             "a directory")
-        if not os.access(ancestor, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(f"cannot write {text!r}: directory "
-                                             f"{str(ancestor)!r} is not writable")
-        return path
+        try:
+            return _checked_output_path(text, suffix)
+        except OutputError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
 
     return check
 
 
+def _checked_output_path(text: str, suffix: str | None) -> Path:
+    path = Path(text)
+    if not text or "\0" in text:
+        raise OutputError(f"{_echo(text)} is not a file path")
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except NotADirectoryError:  # a file where a folder of the path should be
+        ancestor = path.absolute().parent
+        while not ancestor.is_file() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        raise OutputError(f"cannot write {_echo(text)}: {str(ancestor)!r} is not a "
+                          "directory") from None
+    except OSError as error:  # a link loop, a name too long, a file used as a folder ...
+        raise OutputError(_os_error_words(text, error)) from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise OutputError(f"{_echo(text)} is a directory; give a file path")
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise OutputError(f"{_echo(text)} must name a {suffix} file")
+    if mode is not None:
+        if not stat.S_ISREG(mode):
+            raise OutputError(f"cannot write {_echo(text)}: it is a {_file_kind(mode)}, not a "
+                              "regular file; give a file path")
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"cannot write {_echo(text)}: the file is not writable")
+        if not os.access(path.absolute().parent, os.W_OK | os.X_OK):  # the new copy goes there
+            raise OutputError(f"cannot write {_echo(text)}: directory "
+                              f"{str(path.absolute().parent)!r} is not writable")
+        return path
+    if path.is_symlink():
+        raise OutputError(f"cannot write {_echo(text)}: it is a link to a missing file; give "
+                          "the target's path")
+    ancestor = path.absolute().parent
+    while not os.path.lexists(ancestor):
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"cannot write {_echo(text)}: {str(ancestor)!r} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {_echo(text)}: directory {str(ancestor)!r} is not "
+                          "writable")
+    name_max = _name_max(ancestor)
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > name_max]
+    if too_long:
+        raise OutputError(f"cannot write {_echo(text)}: the name {_echo(too_long[0])} is longer "
+                          f"than {name_max} bytes, the most this file system allows")
+    return path
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return int(os.pathconf(directory, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+             (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+    return next((kind for test, kind in kinds if test(mode)), "special file")
+
+
+def _os_error_words(text: str, error: OSError) -> str:
+    return f"cannot write {_echo(text)}: {error.strerror or error}"
+
+
+def _write_output(path: Path, write: Any) -> None:
+    """``write(temporary_path)`` then move the result to ``path``: a failed write (disk full,
+    the path changed since it was checked) leaves nothing behind and is an OutputError."""
+    temporary: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".aot-pipeline-",
+                                             suffix=path.suffix)
+        os.close(handle)
+        write(Path(temporary))
+        if path.exists() and not path.is_file():
+            raise OutputError(f"cannot write {_echo(str(path))}: it is no longer a regular file")
+        os.replace(temporary, path)
+        temporary = None
+    except OSError as error:
+        raise OutputError(_os_error_words(str(path), error)) from None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
 def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    _write_output(path, lambda temporary: temporary.write_text(text))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
                        help="activation memory budget: a fraction in [0, 1] (default 1.0) or "
                             "a cap on saved activation bytes such as 300MiB")
+    train.add_argument("--memory-budget-best-effort", action="store_true",
+                       help="when a byte cap is unreachable, take the closest cut with a "
+                            "warning instead of failing")
     train.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
     train.add_argument("--compiler", choices=COMPILERS, default="inductor",
                        help="compiler for our forward and backward (default inductor)")
@@ -252,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     partition.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
                            help="activation memory budget: a fraction in [0, 1] (default 1.0) "
                                 "or a cap on saved activation bytes such as 300MiB")
+    partition.add_argument("--memory-budget-best-effort", action="store_true",
+                           help="when a byte cap is unreachable, take the closest cut with a "
+                                "warning instead of failing")
     partition.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
     return parser
 
@@ -267,10 +363,69 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.spec = model_spec(args)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
-        return {"train": _train, "pareto": _pareto, "partition": _partition}[args.command](args)
-    except (UsageError, PipelineOptionError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        command = {"train": _train, "pareto": _pareto, "partition": _partition}[args.command]
+        with _best_effort_warnings_as_lines():
+            return command(args)
+    except (UsageError, PipelineOptionError, OutputError) as error:
+        print(f"{PROG}: error: {_one_line(str(error))}", file=sys.stderr)
         return USAGE_ERROR
+    except Exception as error:
+        unreachable = _unreachable_budget(error)
+        if unreachable is None:
+            raise
+        print(f"{PROG}: error: argument --memory-budget: {unreachable}; give "
+              f"--memory-budget {unreachable.least}B or more, or --memory-budget-best-effort "
+              "to take that cut with a warning", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _one_line(message: str) -> str:
+    """``message`` with control characters (a newline or CR typed into an argument) escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in message)
+
+
+def _unreachable_budget(error: BaseException) -> Any:
+    """The UnreachableMemoryBudgetError behind ``error`` (torch.compile wraps what a back end
+    raises, as BackendCompilerFailed or InductorError), else None."""
+    if "aot_partition" not in sys.modules:  # nothing has partitioned: it cannot be that
+        return None
+    from aot_partition import UnreachableMemoryBudgetError
+
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, UnreachableMemoryBudgetError):
+            return current
+        pending += [current.__cause__, current.__context__,
+                    getattr(current, "inner_exception", None)]
+    return None
+
+
+@contextlib.contextmanager
+def _best_effort_warnings_as_lines() -> Iterator[None]:
+    """Each best-effort warning (an unreachable cap, the closest cut taken) printed as one
+    ``aot-pipeline: warning: ...`` line on stderr, once each; other warnings as usual."""
+    shown = warnings.showwarning
+    said: set[str] = set()
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any
+             ) -> None:
+        if category.__name__ != "MemoryBudgetBestEffortWarning":
+            shown(message, category, *args, **kwargs)
+        elif str(message) not in said:
+            said.add(str(message))
+            print(f"{PROG}: warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():  # restores showwarning and the filters afterwards
+        warnings.showwarning = show
+        # Every graph's warning reaches show() (the default shows one per code location).
+        warnings.filterwarnings("always", message=r".*\(activation_memory_budget_best_effort\)")
+        yield
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -284,12 +439,17 @@ def _train(args: argparse.Namespace) -> int:
         memory_budget=args.memory_budget, model_spec=args.spec,
         solver=args.solver, compiler=args.compiler, compiled_autograd=args.compiled_autograd,
         device=args.device, variants=variants,
+        memory_budget_best_effort=args.memory_budget_best_effort,
     )
     results = train_all(settings, progress=not args.no_progress)
     print(f"{args.spec.label}, {args.steps} steps on {args.device}; ours: "
           f"memory budget {args.memory_budget}, solver {args.solver}, compiler {args.compiler}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")
     print(train_table(results))
+    if isinstance(args.memory_budget, str):
+        print(f"memory budget {args.memory_budget} caps ours' saved activations other than "
+              "parameters and buffers (alive anyway); the table's saved activations count "
+              "those too")
     if args.json:
         payload = {"settings": {k: v for k, v in asdict(settings).items()},
                    "results": [asdict(r) for r in results]}
@@ -339,12 +499,12 @@ def _pareto(args: argparse.Namespace) -> int:
           "recomputes; peak: simulated forward+backward peak, inputs and parameters included; "
           f"recompute est.: {estimator} estimate of the forward ops the backward runs again "
           "(one formula for ours and torch's)")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     fronts: dict[str, Any] = {f"ours ({label})": points}
     if theirs:
         fronts["torch"] = theirs
-    plot_peak_front(fronts, args.output, estimator=estimator,
-                    title=f"{label}: simulated peak vs. recompute")
+    _write_output(args.output, lambda temporary: plot_peak_front(
+        fronts, temporary, estimator=estimator,
+        title=f"{label}: simulated peak vs. recompute"))
     print(f"wrote {args.output}")
     return 0
 
@@ -430,12 +590,18 @@ def _partition(args: argparse.Namespace) -> int:
                         if isinstance(args.memory_budget, str) else (args.memory_budget, None))
     joints = _joints(args)
     for index, joint in enumerate(joints):
-        with functorch_flags.patch(activation_memory_budget_solver=args.solver,
-                                   activation_memory_budget_bytes=nbytes):
+        with functorch_flags.patch(
+                activation_memory_budget_solver=args.solver,
+                activation_memory_budget_bytes=nbytes,
+                activation_memory_budget_best_effort=args.memory_budget_best_effort):
+            # Parameters as static-lifetime inputs, as torch.compile passes them (and `train`
+            # partitions): a byte cap then counts the same bytes in both commands.
             report = explain_partition(joint.module, joint.inputs,
                                        num_fwd_outputs=joint.num_fwd_outputs,
-                                       memory_budget=fraction)
-        budget = (f"{args.memory_budget} ({nbytes} bytes of saved activations)"
+                                       memory_budget=fraction,
+                                       static_lifetime_input_indices=joint.static_input_indices)
+        budget = (f"{args.memory_budget} (a cap of {nbytes} bytes on the saved activations "
+                  f"other than parameters; {report.activation_bytes} bytes saved)"
                   if nbytes is not None else str(report.memory_budget))
         print(f"{'' if index == 0 else chr(10)}{_graph_label(args, index, len(joints))}, "
               f"memory budget {budget} (knapsack solver {args.solver}; decided by "

@@ -8,7 +8,7 @@ high-level names such as ``native_layer_norm``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,6 +21,8 @@ class JointGraph:
     module: fx.GraphModule
     inputs: list[Any]
     num_fwd_outputs: int
+    # The joint's parameter and buffer inputs (aot_module lifts them first), alive anyway.
+    static_input_indices: list[int] = field(default_factory=list)
 
 
 class _JointCaptured(Exception):
@@ -37,11 +39,13 @@ def trace_joint(module: nn.Module, inputs: Sequence[torch.Tensor]) -> JointGraph
 
     def capture(joint_module: fx.GraphModule, joint_inputs: Sequence[Any], *,
                 num_fwd_outputs: int, **_: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
-        raise _JointCaptured(JointGraph(joint_module, list(joint_inputs), num_fwd_outputs))
+        raise _JointCaptured(JointGraph(joint_module, list(joint_inputs), num_fwd_outputs,
+                                        list(range(num_static))))
 
     def unused_compiler(gm: fx.GraphModule, _: Sequence[Any]) -> fx.GraphModule:
         return gm
 
+    num_static = len(dict(module.named_parameters())) + len(dict(module.named_buffers()))
     traced = aot_module(module, fw_compiler=unused_compiler, partition_fn=capture)
     try:
         traced(*inputs)
@@ -69,8 +73,10 @@ def trace_joints_compiled(module: nn.Module, inputs: Sequence[torch.Tensor]) -> 
     def record(joint_module: fx.GraphModule, joint_inputs: Sequence[Any], *,
                num_fwd_outputs: int, **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
         with unset_fake_temporarily():  # the joint may hold real tensor constants
+            # AOTAutograd names the parameter and buffer inputs (static lifetime) for us.
+            static = list(kwargs.get("static_lifetime_input_indices") or [])
             joints.append(JointGraph(copy.deepcopy(joint_module), list(joint_inputs),
-                                     num_fwd_outputs))
+                                     num_fwd_outputs, static))
         return default_partition(joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                  **kwargs)
 

@@ -16,13 +16,23 @@ SOLVERS: tuple[str, ...] = ("dp", "greedy", "ilp", "ilp_graph", "dp_graph")
 COMPILERS: tuple[str, ...] = ("inductor", "nop", "debug_nop", "print_compile", "ts_compile")
 # Our own option names, in ``torch.compile(..., options=...)`` next to Inductor config keys.
 PIPELINE_OPTION_NAMES: tuple[str, ...] = ("compiled_autograd", "compiler", "memory_budget",
-                                          "memory_budget_bytes", "solver")
+                                          "memory_budget_best_effort", "memory_budget_bytes",
+                                          "solver")
 # Units of a byte budget ("300MiB", "1.5GB"): SI powers of 1000 and IEC powers of 1024.
 BYTE_UNITS: dict[str, int] = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
-_SIZE_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*$")
+# ASCII only: str.isdigit and float() also read other scripts' digits ("٥", "５"), which a
+# budget written in a config file or on a command line is far more likely to be by mistake.
+_SIZE_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]+)\s*$",
+                           re.ASCII)
+_FRACTION_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\s*$",
+                               re.ASCII)
+# The largest byte cap accepted: 2**63 - 1 (8 EiB), the largest size torch can describe.
+MAX_BUDGET_BYTES = 2**63 - 1
+# Text longer than this is echoed shortened in an error message.
+_ECHO_LIMIT = 200
 
 
 class PipelineOptionError(ValueError):
@@ -53,17 +63,21 @@ class PipelineOptions:
     mode: str | None = None
     inductor_options: tuple[tuple[str, Any], ...] = ()
     memory_budget_bytes: int | None = None
+    memory_budget_best_effort: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.memory_budget, str):
-            fraction, nbytes = parse_memory_budget(self.memory_budget)
-            object.__setattr__(self, "memory_budget", fraction)
-            if nbytes is not None:
-                object.__setattr__(self, "memory_budget_bytes", nbytes)
+            object.__setattr__(self, "memory_budget_bytes", parse_budget_size(self.memory_budget))
+            object.__setattr__(self, "memory_budget", 1.0)
         validate_memory_budget(self.memory_budget)
         if self.memory_budget_bytes is not None:
             object.__setattr__(self, "memory_budget_bytes",
                                validate_budget_bytes(self.memory_budget_bytes))
+        if not isinstance(self.memory_budget_best_effort, bool):
+            raise PipelineOptionError(
+                f"memory_budget_best_effort must be True or False, got "
+                f"{self.memory_budget_best_effort!r}"
+            )
         _validate_choice("solver", self.solver, SOLVERS)
         _validate_choice("compiler", self.compiler, COMPILERS)
         if not isinstance(self.compiled_autograd, bool):
@@ -181,38 +195,82 @@ def validate_memory_budget(budget: object) -> float:
 
 def validate_budget_bytes(nbytes: object) -> int:
     """``nbytes`` as an int >= 0, or a PipelineOptionError that says what is valid."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+    if (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0
+            or nbytes > MAX_BUDGET_BYTES):
         raise PipelineOptionError(
-            f"memory_budget_bytes must be a whole number of bytes >= 0 (or give memory_budget "
-            f"as a size such as '300MiB'), got {nbytes!r}"
+            f"memory_budget_bytes must be a whole number of bytes from 0 to {MAX_BUDGET_BYTES} "
+            f"(or give memory_budget as a size such as '300MiB'), got {echo_value(nbytes)}"
         )
     return nbytes
 
 
-def parse_byte_size(text: str) -> int:
+def echo_value(value: object) -> str:
+    """``repr(value)``, shortened when long: an error message names a value, never floods."""
+    text = repr(value)
+    return text if len(text) <= _ECHO_LIMIT else f"{text[:_ECHO_LIMIT]}... ({len(text)} chars)"
+
+
+def parse_byte_size(text: str, what: str = "size") -> int:
     """``"300MiB"`` -> 314572800: a number and a unit (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB;
-    any case), or a PipelineOptionError naming the units."""
-    match = _SIZE_PATTERN.match(text)
+    any case; ASCII digits), or a PipelineOptionError naming ``what``, the units and the range.
+    A fractional number of bytes is rounded down."""
+    match = _SIZE_PATTERN.match(text) if text.isascii() else None
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in BYTE_UNITS:
         raise PipelineOptionError(
-            f"cannot read {text!r} as a size: write a number and a unit, e.g. '300MiB' or "
+            f"cannot read {what} {echo_value(text)}: write a number and a unit, e.g. '300MiB' or "
             f"'1.5GB' (units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
-    return int(float(match.group(1)) * BYTE_UNITS[unit])
+    number = float(match.group(1))  # finite or inf: the pattern admits no "nan"
+    nbytes = number * BYTE_UNITS[unit]
+    if not nbytes <= MAX_BUDGET_BYTES:
+        raise PipelineOptionError(
+            f"{what} {echo_value(text)} is too large: at most {MAX_BUDGET_BYTES} bytes (8 EiB)"
+        )
+    return int(nbytes)
+
+
+def parse_budget_size(text: str) -> int:
+    """``memory_budget`` given as a string: a size with a unit (``"300MiB"``), in bytes.
+
+    A fraction must be a number (``0.5``, not ``"0.5"``): a string is read as a size only, so a
+    typo cannot turn a byte cap into a fraction or back."""
+    if _FRACTION_PATTERN.match(text):
+        raise PipelineOptionError(
+            f"memory_budget {echo_value(text)} is a string without a unit: give a fraction in [0, 1] "
+            f"as a number (memory_budget={text.strip()}) or a size with a unit, e.g. '300MiB'"
+        )
+    return parse_byte_size(text, "memory_budget")
+
+
+def parse_fraction(text: str) -> float:
+    """A fraction in [0, 1] as written on a command line (ASCII digits), or a
+    PipelineOptionError naming ``memory_budget``."""
+    if not _FRACTION_PATTERN.match(text):
+        raise PipelineOptionError(
+            f"memory_budget must be a number in [0, 1] such as 0.5, got {echo_value(text)}"
+        )
+    return validate_memory_budget(float(text))
 
 
 def parse_memory_budget(text: str) -> tuple[float, int | None]:
-    """A memory budget as written by a user: ``"0.5"`` -> (0.5, None), a fraction in [0, 1];
-    ``"300MiB"`` -> (1.0, 314572800), a cap on saved activation bytes."""
-    try:
-        return validate_memory_budget(float(text)), None
-    except ValueError as exc:
-        if isinstance(exc, PipelineOptionError):
+    """A memory budget as written on a command line: ``"0.5"`` -> (0.5, None), a fraction in
+    [0, 1]; ``"300MiB"`` -> (1.0, 314572800), a cap on saved activation bytes. ASCII only;
+    anything else is a PipelineOptionError naming ``memory_budget``."""
+    if _FRACTION_PATTERN.match(text):
+        try:
+            return validate_memory_budget(float(text)), None
+        except PipelineOptionError as error:
             raise PipelineOptionError(
-                f"{exc} (or give a size with a unit, e.g. '300MiB', for a cap in bytes)"
+                f"{error} (or give a size with a unit, e.g. '300MiB', for a cap in bytes)"
             ) from None
-    return 1.0, parse_byte_size(text)
+    match = _SIZE_PATTERN.match(text) if text.isascii() else None
+    if match is None or match.group(2).lower() not in BYTE_UNITS:
+        raise PipelineOptionError(
+            f"memory_budget must be a fraction in [0, 1] (e.g. 0.5) or a size with a unit "
+            f"(e.g. '300MiB'; units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {echo_value(text)}"
+        )
+    return 1.0, parse_byte_size(text, "memory_budget")
 
 
 def _validate_choice(what: str, value: object, valid: tuple[str, ...]) -> None:

@@ -68,6 +68,7 @@ class TrainSettings:
     compiled_autograd: bool = False
     device: str = "cpu"
     variants: Sequence[str] = field(default_factory=lambda: VARIANTS)
+    memory_budget_best_effort: bool = False
     # The model to build (a user's model, see user_models.ModelSpec); None: built-in ``model``.
     model_spec: ModelSpec | None = None
 
@@ -77,7 +78,8 @@ class TrainSettings:
 
     def pipeline_options(self) -> PipelineOptions:
         return PipelineOptions(memory_budget=self.memory_budget, solver=self.solver,
-                               compiler=self.compiler, compiled_autograd=self.compiled_autograd)
+                               compiler=self.compiler, compiled_autograd=self.compiled_autograd,
+                               memory_budget_best_effort=self.memory_budget_best_effort)
 
 
 def check_device(device: str) -> torch.device:
