@@ -186,9 +186,9 @@ _functionalized(run_with_rng_state)
 
 def register_inductor_fallbacks() -> None:
     """Let Inductor compile graphs holding the two operators: each runs as a fallback kernel,
-    as torch's do. Called when the replay puts one into a graph; a no-op until Inductor's
-    lowerings are imported (importing them costs seconds; whoever compiles with Inductor has
-    imported them by then, and aot_pipeline calls this before it compiles)."""
+    as torch's do. Called when the replay puts one into a graph; a no-op while Inductor's
+    lowerings are not imported (importing them costs seconds): importing
+    ``torch._inductor.compile_fx``, as every Inductor caller has by then, imports them."""
     lowering = sys.modules.get("torch._inductor.lowering")
     if lowering is None:
         return
