@@ -149,7 +149,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # data only: the partition report; pictures
     ("report", "draw", "memory_plot"),
     # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)
-    ("pareto",),
+    ("pareto", "checkpoint_split"),
     # composition: the two partition functions and explain_partition
     ("partitioners",),
     # the public API
