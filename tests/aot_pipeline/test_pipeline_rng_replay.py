@@ -30,3 +30,17 @@ def test_inductor_backward_reads_the_forwards_dropout_output(budget):
     dropped = torch.linalg.solve(weight, (out.detach() - bias).T).T
     torch.testing.assert_close(module.fc2.weight.grad, out.grad.T @ dropped,
                                atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["run_and_save_rng_state", "run_with_rng_state"])
+def test_replay_operators_are_kept_out_of_cuda_graphs(name):
+    # Inductor matches cudagraph-unsafe ops by name; a captured graph would replay a stale state.
+    from aot_partition.passes import rng_ops
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    call = graph.call_function(getattr(rng_ops, name), (x,))
+    graph.output((call,))
+    found = get_first_incompatible_cudagraph_node(torch.fx.GraphModule({}, graph))
+    assert found is call
