@@ -230,3 +230,15 @@ def test_torch_compile_backward_flops_are_eager_plus_recompute():
         counter, _ = _backward_under(lambda: FlopCounterMode(display=False), call, module)
         measured[budget] = counter.get_total_flops()
     assert measured == {1.0: eager_backward, 0.0: eager_backward + RECOMPUTED_FLOPS}
+
+
+@pytest.mark.parametrize("context", [torch.autograd.detect_anomaly, _autocast, torch.no_grad],
+                         ids=["anomaly", "autocast", "no_grad"])
+def test_torch_compile_wrapped_runs_match_budget_one(context):
+    # Budget 0.0 (dropout replayed) computes what budget 1.0 (mask saved) does, with the same
+    # compiled random draws; both run wholly inside the wrapper.
+    steps = {}
+    for budget in (1.0, 0.0):
+        call, module = _torch_compiled(budget)
+        steps[budget] = _step(call, module, _input(), context)
+    _assert_same_step(steps[0.0], steps[1.0])
