@@ -190,3 +190,46 @@ def test_mutation_outside_inputs_is_found():
     functional.call_function(aten.copy_.default, (x, x))
     functional.output((x,))
     assert mutation_outside_inputs(functional) is None
+
+
+class _ScaledAfterUse(torch.nn.Module):
+    """A checkpointed region reads a buffer that the step then updates in place."""
+
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+        self.register_buffer("scale", torch.ones(8))
+        self.checkpointed = checkpointed
+
+    def body(self, x):
+        return torch.sin(x @ self.w + self.scale)
+
+    def forward(self, x):
+        context_fn = partial(create_selective_checkpoint_contexts, _policy())
+        h = (checkpoint(self.body, x, use_reentrant=False, context_fn=context_fn)
+             if self.checkpointed else self.body(x))
+        self.scale.mul_(2)
+        return h.sum()
+
+
+@pytest.mark.parametrize("partition_fn", [aot_partition.default_partition,
+                                          torch_partitioners.default_partition],
+                         ids=["ours", "torch"])
+def test_region_reading_an_input_updated_in_place(partition_fn):
+    # Recomputing ``x @ w + scale`` in the backward would read the doubled scale: ours saves
+    # it (the gradient of the step as run); torch's saves ``scale`` and trips the version check.
+    plain = _ScaledAfterUse(checkpointed=False)
+    x = torch.randn(4, 8)
+    plain(x).backward()
+    module = _ScaledAfterUse(checkpointed=True)
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=_nop, bw_compiler=_nop, partition_fn=partition_fn)
+    compiled = torch.compile(module, backend=backend, fullgraph=True)
+    if partition_fn is torch_partitioners.default_partition:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            compiled(x).backward()
+        return
+    compiled(x).backward()
+    torch.testing.assert_close(module.w.grad, plain.w.grad)
+    torch.testing.assert_close(module.scale, plain.scale)

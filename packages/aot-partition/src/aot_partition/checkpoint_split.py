@@ -6,8 +6,10 @@ joint): every forward value the backward reads is saved unless its tag asks to r
 checkpoint region that a region reads is saved (the region's input). The backward recomputes
 the rest from what is saved, random ops replaying the forward's RNG state. No memory budget,
 no min cut. A joint that mutates anything but its inputs goes to the min-cut partition, as in
-torch. One difference: an impure forward op in a tagged joint is saved (never recomputed);
-torch raises an AssertionError there.
+torch. Two differences, both for correctness: an impure forward op in a tagged joint is saved
+(never recomputed; torch raises an AssertionError), and so is a value read from an input the
+step updates in place (recomputing it would read the new contents; torch's trips autograd's
+version check there).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from .joint import (
     is_primal,
     is_tangent,
 )
-from .passes import cleanup_recompute_tags, must_recompute, must_save
+from .passes import (
+    cleanup_recompute_tags,
+    must_recompute,
+    must_save,
+    save_readers_of_mutated_inputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +139,8 @@ def split_tagged_joint(joint_module: fx.GraphModule, num_fwd_outputs: int
         log.warning("checkpoint annotations on a joint that is not functional (%s mutates a "
                     "value that is not an input): using the min-cut partition", mutation.name)
         return None
+    # Never recompute from an input updated in place since the forward (as the min-cut does).
+    save_readers_of_mutated_inputs(graph)
     cleanup_recompute_tags(graph, save_region_inputs=True)
     saved, saved_sym = tagged_saved_values(joint_module, num_fwd_outputs)
     fw, bw, saved, saved_sym = extract_forward_backward_graphs(
