@@ -134,7 +134,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("errors", "flags", "config", "_compat", "graph_modules", "joint", "sizes"),
     # graph passes (one function each: graph in, "changed" out)
     ("passes", "passes.cse", "passes.dce", "passes.recompute_tags", "passes.reorder",
-     "passes.rng"),
+     "passes.rng", "passes.rng_ops"),
     # the joint prepared for partitioning (checks + passes, undone afterwards)
     ("prepare",),
     # per-node classification, policy, flow network, min-cut solve; forward/backward cutting
@@ -150,7 +150,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # data only: the partition report; pictures; the report as TORCH_TRACE artifacts
     ("report", "draw", "memory_plot", "trace"),
     # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)
-    ("pareto",),
+    ("pareto", "checkpoint_split"),
     # composition: the two partition functions and explain_partition
     ("partitioners",),
     # the public API

@@ -14,6 +14,7 @@ from aot_partition.budget import BudgetSearch
 from aot_partition.classify import classify
 from aot_partition.partitioners import partition_with_report
 from aot_partition.passes.rng import rng_state_nbytes
+from aot_partition.passes.rng_ops import run_and_save_rng_state, run_with_rng_state
 from aot_partition.policy import never_recompute
 from aot_partition.prepare import prepared_joint
 from aot_partition.sizes import saved_activation_bytes
@@ -24,7 +25,6 @@ from torch._functorch import config as torch_config
 from torch._functorch.partitioners import (
     min_cut_rematerialization_partition as torch_min_cut_partition,
 )
-from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from zoo import ZooCase, assert_matches_eager
 

@@ -34,6 +34,7 @@ from .joint import (
     is_backward_state,
     is_bwd_seed_offset,
     is_fwd_seed_offset,
+    is_merged_duplicate,
     is_primal,
     is_tangent,
 )
@@ -140,7 +141,7 @@ def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
     mark(o for o in outputs if isinstance(o, fx.Node))
     impure_random = treats_random_as_impure()
     mark(n for n in computable - live
-         if n not in input_set and n.is_impure(impure_random)
+         if n not in input_set and n.is_impure(impure_random) and not is_merged_duplicate(n)
          and (impure_allowed is None or n in impure_allowed))
     return live
 

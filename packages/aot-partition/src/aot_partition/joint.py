@@ -81,9 +81,28 @@ def is_random(node: fx.Node) -> bool:
     """A call that draws from the RNG: its op is tagged ``nondeterministic_seeded``, unless its
     only randomness is a ``dropout_p`` argument of 0 (attention at ``dropout_p=0.0``: the same
     output every time, so recomputing it needs no replayed RNG state)."""
-    tags = getattr(node.target, "tags", ())
-    return (node.op == "call_function" and torch.Tag.nondeterministic_seeded in tags
+    return (node.op == "call_function" and is_seeded_target(node.target)
             and not _dropout_p_is_zero(node))
+
+
+def is_seeded_target(target: Any) -> bool:
+    """Whether ``target`` is tagged ``nondeterministic_seeded`` (it may draw from the RNG).
+
+    A property of the op alone; whether one call draws depends on its arguments too
+    (``is_random``), so a cache keyed on the op may hold this, never ``is_random``.
+    """
+    return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+
+
+# Set on a duplicate that common-subexpression merging detached (passes/cse.py) while it
+# stays in the graph: no inputs, no users. Extraction must never copy it, even when fx
+# deems its op impure (attention at dropout_p=0 is tagged nondeterministic_seeded).
+MERGED_DUPLICATE_OF = "cse_merged_duplicate_of"
+
+
+def is_merged_duplicate(node: fx.Node) -> bool:
+    """A node CSE merged into another and detached; it computes nothing (see above)."""
+    return MERGED_DUPLICATE_OF in node.meta
 
 
 def _dropout_p_is_zero(node: fx.Node) -> bool:

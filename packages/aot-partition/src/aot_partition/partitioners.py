@@ -35,6 +35,7 @@ from .caps import (
     validate_peak_bytes,
     within_caps,
 )
+from .checkpoint_split import split_tagged_joint
 from .classify import NodeInfo, classify
 from .config import PartitionConfig
 from .errors import UnreachableMemoryBudgetError
@@ -77,17 +78,23 @@ def default_partition(
 
     The forward holds every op between the forward inputs and the forward outputs; forward
     values the backward uses are saved (only sizes, when the backward needs only those).
-    Graphs with checkpoint recompute annotations get the min-cut partition instead, as in
+    Graphs with checkpoint recompute annotations are split as torch's default partition
+    splits them (checkpoint_split.py): tagged values are recomputed, MUST_SAVE ones and the
+    regions' inputs saved; a joint that is not functional gets the min-cut partition, as in
     torch. ``static_lifetime_input_nodes`` is accepted for torch compatibility (torch's own
     callers pass it); the split does not depend on it. ``config``: the call's settings
     (default: the flags, read once now).
     """
-    if has_recomputable_ops(joint_module.graph):
-        fw_module, bw_module, _ = partition_with_report(
-            joint_module, num_fwd_outputs=num_fwd_outputs,
-            static_lifetime_input_indices=static_lifetime_input_indices, config=config)
-        return fw_module, bw_module
     config = config if config is not None else PartitionConfig.from_flags()
+    if has_recomputable_ops(joint_module.graph):
+        cut = split_tagged_joint(joint_module, num_fwd_outputs)
+        if cut is None:
+            fw_module, bw_module, _ = partition_with_report(
+                joint_module, num_fwd_outputs=num_fwd_outputs,
+                static_lifetime_input_indices=static_lifetime_input_indices, config=config)
+            return fw_module, bw_module
+        return (make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules),
+                make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules))
     saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
     fw_module, bw_module, _, _ = extract_forward_backward(
         joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,

@@ -8,7 +8,8 @@ passes: ``if eliminate_dead_code(gm.graph): gm.recompile()``.
   ``merge_common_subexpressions`` that the partitioner uses on the caller's joint).
 - ``recompute_tags``: checkpoint annotations (``must_save``, ``must_recompute``), the tag
   clean-up between regions, and MUST_SAVE for readers of inputs mutated in place.
-- ``rng``: replay a recomputed random op's RNG state (``replay_random_ops``).
+- ``rng``: replay a recomputed random op's RNG state (``replay_random_ops``) through the
+  operators of ``rng_ops``, which run under any dispatch mode.
 - ``reorder``: order the backward like the autograd engine runs it (``reorder_backward``).
 
 Passes sit at the bottom of the package: they use only ``joint`` and ``_compat``.

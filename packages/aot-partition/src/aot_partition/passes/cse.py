@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..joint import PLAIN_LEAVES, aten_packet, is_random
+from ..joint import MERGED_DUPLICATE_OF, PLAIN_LEAVES, is_random, is_seeded_target
 
 _NEVER_MERGED = (torch.ops.aten.empty,)
 
@@ -18,16 +18,6 @@ _NEVER_MERGED = (torch.ops.aten.empty,)
 def _is_mutating(node: fx.Node) -> bool:
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
-
-
-def _storage(node: fx.Node) -> Any:
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return None
-    try:
-        return StorageWeakRef(val.untyped_storage())
-    except (NotImplementedError, RuntimeError):
-        return None
 
 
 def _freeze(value: Any, env: dict[fx.Node, fx.Node]) -> Any:
@@ -63,19 +53,51 @@ def _freeze_args(args: tuple[Any, ...], env: dict[fx.Node, fx.Node]) -> Any:
 
 
 _NO_KWARGS = (dict, ())
-_UNMERGEABLE_TARGETS: dict[Any, bool] = {}  # target -> never merged: asked once per target
+# target -> never merged whatever its arguments, asked once per target. Only properties of
+# the op go in here (mutation, aten.empty); whether a seeded op draws from the RNG depends on
+# the call's arguments (attention's dropout_p), so it is decided per node, never cached.
+_NEVER_MERGED_TARGETS: dict[Any, bool] = {}
+# target -> tagged nondeterministic_seeded (random for some arguments), per target as well.
+_SEEDED_TARGETS: dict[Any, bool] = {}
 
 
-def _unmergeable_target(node: fx.Node) -> bool:
-    target = node.target
+def _never_merged_target(target: Any) -> bool:
+    return (isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable) or (
+        getattr(target, "overloadpacket", target) in _NEVER_MERGED)
+
+
+def _cached(cache: dict[Any, bool], verdict_of: Callable[[Any], bool], target: Any) -> bool:
     try:
-        return _UNMERGEABLE_TARGETS[target]
+        return cache[target]
     except KeyError:
-        verdict = _UNMERGEABLE_TARGETS[target] = (
-            is_random(node) or _is_mutating(node) or aten_packet(node) in _NEVER_MERGED)
+        verdict = cache[target] = verdict_of(target)
         return verdict
     except TypeError:  # an unhashable target
-        return is_random(node) or _is_mutating(node) or aten_packet(node) in _NEVER_MERGED
+        return verdict_of(target)
+
+
+def _unmergeable(node: fx.Node) -> bool:
+    """Never merge a mutating op, aten.empty, or a call that draws from the RNG (decided
+    from this call's arguments: attention at dropout_p=0 draws nothing and merges)."""
+    target = node.target
+    if _cached(_NEVER_MERGED_TARGETS, _never_merged_target, target):
+        return True
+    return _cached(_SEEDED_TARGETS, is_seeded_target, target) and is_random(node)
+
+
+def _storages(node: fx.Node) -> list[Any]:
+    """The storages of a node's value: one for a tensor, one per tensor of a tuple (a
+    multi-output op such as attention: its getitems return these storages)."""
+    val = node.meta.get("val")
+    values = val if isinstance(val, (tuple, list)) else (val,)
+    storages = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            try:
+                storages.append(StorageWeakRef(value.untyped_storage()))
+            except (NotImplementedError, RuntimeError):
+                pass
+    return storages
 
 
 class _AliasesOutput:
@@ -84,14 +106,16 @@ class _AliasesOutput:
 
     def __init__(self, graph: fx.Graph) -> None:
         output = next(iter(graph.find_nodes(op="output")))
-        self.storages = {s for s in map(_storage, output.all_input_nodes) if s is not None}
+        self.storages = {s for n in output.all_input_nodes for s in _storages(n)}
         self.verdicts: dict[fx.Node, bool] = {}
 
     def __call__(self, node: fx.Node) -> bool:
         verdict = self.verdicts.get(node)
         if verdict is None:
-            storage = _storage(node) if self.storages else None
-            verdict = self.verdicts[node] = storage is not None and storage in self.storages
+            # A multi-output op aliases an output when any of its items does: merging two
+            # calls whose items are returned would return one tensor twice.
+            verdict = self.verdicts[node] = bool(self.storages) and any(
+                s in self.storages for s in _storages(node))
         return verdict
 
 
@@ -129,8 +153,16 @@ class MergedSubexpressions:
         self.original_inputs.setdefault(node, (node.args, node.kwargs))
         node.args, node.kwargs = args, kwargs
 
+    def detach(self, duplicate: fx.Node, survivor: fx.Node) -> None:
+        """Cut ``duplicate`` off its inputs, marked so that extraction never copies it."""
+        self.duplicates.append(duplicate)
+        self.rewire(duplicate, (), {})
+        duplicate.meta[MERGED_DUPLICATE_OF] = survivor
+
     def undo(self) -> None:
         """Give every rewired node its original inputs back: the graph is as it was."""
+        for node in self.duplicates:
+            node.meta.pop(MERGED_DUPLICATE_OF, None)
         for node, (args, kwargs) in self.original_inputs.items():
             node.args, node.kwargs = args, kwargs
         for node, users in self.original_users.items():
@@ -160,7 +192,7 @@ def merge_common_subexpressions(
     epoch = 0
     for node in graph.nodes:
         env[node] = node
-        if node.op != "call_function" or _unmergeable_target(node):
+        if node.op != "call_function" or _unmergeable(node):
             epoch += node.op == "call_function" and _is_mutating(node)
         else:
             key: tuple[Any, ...] | None
@@ -178,8 +210,7 @@ def merge_common_subexpressions(
             if first is not None and not aliases_output(node):
                 if not aliases_output(first):
                     env[node] = first
-                    merged.duplicates.append(node)
-                    merged.rewire(node, (), {})
+                    merged.detach(node, first)
                     continue
                 seen[key] = node
             elif first is None and key is not None:

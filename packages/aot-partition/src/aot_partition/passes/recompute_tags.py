@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from typing import Any
 
 import torch
@@ -29,17 +30,31 @@ def has_recomputable_ops(graph: fx.Graph) -> bool:
     return any(must_recompute(n) for n in graph.nodes)
 
 
-def cleanup_recompute_tags(graph: fx.Graph) -> bool:
+def _is_item_of_region_op(node: fx.Node) -> bool:
+    """A getitem of a multi-output op that belongs to a checkpoint region."""
+    if node.target is not operator.getitem or not isinstance(node.args[0], fx.Node):
+        return False
+    return "ac_graph_id" in node.args[0].meta
+
+
+def cleanup_recompute_tags(graph: fx.Graph, *, save_region_inputs: bool = False) -> bool:
     """Save the boundary between two consecutive checkpointed regions; True if a tag changed.
 
     When a recompute-tagged node feeds a recompute-tagged node of a LATER checkpoint region
     (higher ``ac_graph_id``), the tensor crossing the boundary is marked MUST_SAVE so each region
     is recomputed from its own saved input, as eager checkpointing does. A recomputed region
     output with a backward hook is saved too, since recomputing it would need its own gradient.
+    ``save_region_inputs`` (the default partition's rule, as in torch): a node outside every
+    region that a recompute-tagged node reads is MUST_SAVE as well.
     """
     changed = False
     for node in graph.nodes:
         if not must_recompute(node):
+            if (save_region_inputs and "ac_graph_id" not in node.meta
+                    and not must_save(node) and not _is_item_of_region_op(node)
+                    and any(must_recompute(u) for u in node.users)):
+                node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+                changed = True
             continue
         region = node.meta.get("ac_graph_id")
         for user in node.users:

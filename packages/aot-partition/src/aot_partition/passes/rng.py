@@ -3,7 +3,8 @@
 Every random op that runs in both the forward and the backward graph (recomputed for any
 reason: the memory-budget knapsack, aggressive options, a checkpoint policy) runs in the
 forward through ``run_and_save_rng_state``, which returns the RNG state it started from; the
-backward replays it with ``run_with_rng_state`` on that state. Dropout masks then match
+backward replays it with ``run_with_rng_state`` on that state (our operators, rng_ops.py:
+torch's of the same names fail under a user's dispatch mode). Dropout masks then match
 between the passes, and the backward leaves the global RNG where it was. The saved state is
 small next to a mask on real sizes: 16 bytes on CUDA, 5,056 bytes (Mersenne Twister) on CPU.
 
@@ -20,10 +21,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
 from .._compat import saved_output_desc_type, saved_output_descs
 from ..joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from .rng_ops import register_inductor_fallbacks, run_and_save_rng_state, run_with_rng_state
 
 REPLAYABLE_DEVICES = ("cpu", "cuda")
 RNG_STATE_PREFIX = "rng_state_output_"  # names of the backward's RNG-state inputs
@@ -88,6 +89,7 @@ def replay_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph, num_sym_nodes: int
     pairs = recomputed_random_ops(fw_graph, bw_graph)
     if not pairs:
         return []
+    register_inductor_fallbacks()
     placeholders = list(bw_graph.find_nodes(op="placeholder"))
     # Saved tensors end where the tangents (or backward seeds, or backward state) begin.
     after_saved = next((p for p in placeholders if is_tangent(p) or is_bwd_seed_offset(p)
