@@ -46,7 +46,7 @@ from .joint import is_bwd_seed_offset, is_random, is_tangent
 from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
 from .network import NetworkMemo
 from .passes.rng import device_of, rng_state_nbytes
-from .policy import MinCutOptions, never_recompute
+from .policy import MinCutOptions, never_released
 from .sizes import node_nbytes
 from .solve import MinCutSolution, solve_min_cut_detailed
 
@@ -231,7 +231,8 @@ class BudgetSearch:
         recomputable = [n for n in banned
                         if dist.get(n, math.inf) < FAR_FROM_BACKWARD
                         and _storage_key(n) not in input_storages]
-        self.must_save = [n for n in recomputable if never_recompute(n) is not None]
+        self.must_save = [n for n in recomputable
+                          if never_released(n, self.options) is not None]
         must_save = set(self.must_save)
         # A random op whose RNG state outweighs its output frees nothing when recomputed:
         # it stays banned (saved) rather than being left to the knapsack's tie-breaking.
@@ -282,8 +283,8 @@ class BudgetSearch:
         """The least memory: the inputs alone (the seed's answer) or the min-cut with every
         candidate released, whichever the backward reads fewer bytes of. A small intermediate
         can be cheaper to save than a big input; nodes that are never recomputed (MUST_SAVE,
-        unreplayable random ops, effects: ``never_recompute``) stay in the forward, so then only
-        the cut qualifies."""
+        unreplayable random ops, effects, collectives: ``never_released``) stay in the forward,
+        so then only the cut qualifies."""
         assert self.aggressive_options is not None
         cut, _ = self.solve(self.aggressive_options, set(self.candidates))
         if self.must_save:

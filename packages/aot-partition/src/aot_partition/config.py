@@ -25,6 +25,8 @@ class MinCutOptions:
     ban_if_materialized_backward: bool = True
     ban_if_not_in_allowlist: bool = True
     ban_if_reduction: bool = True
+    # Ours: functional collectives are never recomputed (flag allow_recompute_collectives).
+    ban_if_collective: bool = True
 
     @classmethod
     def from_flags(cls) -> MinCutOptions:
@@ -39,6 +41,7 @@ class MinCutOptions:
             ban_if_materialized_backward=bool(read("ban_recompute_materialized_backward")),
             ban_if_not_in_allowlist=bool(read("ban_recompute_not_in_allowlist")),
             ban_if_reduction=bool(read("ban_recompute_reductions")),
+            ban_if_collective=not read("allow_recompute_collectives"),
         )
         if read("aggressive_recomputation"):
             options = replace(options, ban_if_used_far_apart=False,
@@ -65,6 +68,9 @@ _FLAG_OF_FIELD = {
     "debug": "debug_partitioner",
     "visualize_pareto": "visualize_memory_budget_pareto",
     "graph_format": "torch_compile_graph_format",
+    "agree_across_ranks": "agree_partition_across_ranks",
+    "check_agreement": "check_partition_agreement",
+    "collective_bandwidth_gbps": "collective_bandwidth_gbps",
 }
 
 
@@ -90,6 +96,10 @@ class PartitionConfig:
     debug: bool = False
     visualize_pareto: bool = False
     graph_format: str = "svg"
+    # Many ranks (spmd.py): agree on measured runtimes and MILP limits; check the saved sets.
+    agree_across_ranks: bool = True
+    check_agreement: bool = False
+    collective_bandwidth_gbps: float = 50.0
 
     @classmethod
     def from_flags(cls, **overrides: Any) -> PartitionConfig:
