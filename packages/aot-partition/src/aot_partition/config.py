@@ -13,7 +13,7 @@ from typing import Any
 
 from .flags import read_flag
 
-__all__ = ["MinCutOptions", "PartitionConfig"]
+__all__ = ["MinCutOptions", "PartitionConfig", "collective_bandwidth_gbps"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +116,9 @@ class PartitionConfig:
 
     def replace(self, **changes: Any) -> PartitionConfig:
         return replace(self, **changes)
+
+
+def collective_bandwidth_gbps() -> float:
+    """The flag ``collective_bandwidth_gbps``, read now: the runtime estimators take no config,
+    and only the few collective nodes of a graph read it."""
+    return float(read_flag("collective_bandwidth_gbps"))

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.fx as fx
 
+from . import spmd
 from .budget import BudgetSearch, validate_memory_budget
 from .caps import (
     Cap,
@@ -36,6 +37,7 @@ from .caps import (
 )
 from .classify import NodeInfo, classify
 from .config import PartitionConfig
+from .estimators import measure_profile, profile_key
 from .extract import default_saved_values, extract_forward_backward
 from .graph_modules import make_graph_module
 from .pareto import sweep, write_pareto_png
@@ -311,7 +313,13 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
               else tuple(static_lifetime_input_indices))
     simulator = functools.partial(SimulatedPeak, joint_module, num_fwd_outputs, static)
     peak = simulator(config.runtime_estimator) if config.peak_bytes is not None else None
-    choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator)
+    # Many ranks: one decision on every rank (spmd.py); nothing happens on one rank.
+    needs_runtimes = (budget < 1.0 or config.memory_budget_bytes is not None
+                      or config.peak_bytes is not None)
+    with spmd.rank_agreement(joint_graph, config, needs_runtimes=needs_runtimes,
+                             measure=measure_profile, signature=profile_key):
+        choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator)
+    spmd.check_saved_agreement(choice.saved, config)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
     cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
