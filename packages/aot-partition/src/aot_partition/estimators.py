@@ -273,12 +273,13 @@ def profile_key(node: fx.Node) -> tuple[Any, ...] | None:
 
 def measure_profile(node: fx.Node) -> float:
     """``node``'s "profile" time on this rank (cached), outside any rank agreement."""
+    measure = _MEASURES["profile"]
     key = profile_key(node)
     if key is None:
-        return _profile_ms(node)
+        return measure(node)
     cached = _cache.get(key)
     if cached is None:
-        cached = _cache[key] = _profile_ms(node)
+        cached = _cache[key] = measure(node)
     return cached
 
 

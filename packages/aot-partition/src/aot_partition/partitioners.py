@@ -319,11 +319,11 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     with spmd.rank_agreement(joint_graph, config, needs_runtimes=needs_runtimes,
                              measure=measure_profile, signature=profile_key):
         choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator)
-    spmd.check_saved_agreement(choice.saved, config)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
     cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
+    spmd.check_saved_agreement([*saved_values, *saved_sym_nodes], config)
     fw_module = make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules)
     bw_module = make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,
