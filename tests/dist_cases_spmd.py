@@ -197,12 +197,12 @@ class Stack(torch.nn.Module):
         return self.head(x)
 
 
-def _eager_grads(seed: int, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """One rank's model, eager: every rank feeds the same batch, so the gradients averaged over
-    the ranks (DDP, FSDP2) equal these."""
+def _eager_grads(seed: int, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model on one process, eager, over every rank's batch: DDP and FSDP2 average the
+    ranks' gradients, which are these."""
     torch.manual_seed(seed)
     model = Stack()
-    model(x).pow(2).mean().backward()
+    (sum(model(x).pow(2).mean() for x in batches) / len(batches)).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
@@ -226,15 +226,16 @@ def _graphs_compiled() -> int:
 
 
 def training(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per variant ({"wrap": "ddp" | "fsdp2", "budget": float, "compiler": "nop" |
-    "inductor"}): one forward+backward compiled with backend="aot_pipeline", its largest
+    """Per variant ({"wrap": "ddp" | "fsdp2" | "ddp+compiled_autograd", "budget": float,
+    "compiler": "nop" | "inductor"}): one forward+backward compiled with backend="aot_pipeline", its largest
     gradient error against eager, how many graphs AOTAutograd compiled and the seconds."""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.manual_seed(1234)  # the same batch on every rank
-    x = torch.randn(4, 8, 16)
-    eager = _eager_grads(0, x)
+    torch.manual_seed(1234)  # a different batch on each rank: the gradients must be averaged
+    batches = [torch.randn(4, 8, 16) for _ in range(dist.get_world_size())]
+    x = batches[dist.get_rank()]
+    eager = _eager_grads(0, batches)
     results = []
     for variant in variants:
         torch._dynamo.reset()
@@ -244,6 +245,22 @@ def training(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
         options = {"compiler": variant["compiler"], "memory_budget": variant["budget"]}
         torch.manual_seed(0)
         model = Stack()
+        if variant["wrap"] == "ddp+compiled_autograd":
+            import aot_pipeline
+
+            # compiled autograd sees DDP's gradient hooks only through the python reducer
+            torch._dynamo.config.optimize_ddp = "python_reducer"
+            wrapped = DistributedDataParallel(model)
+            compiled = aot_pipeline.compile(wrapped, memory_budget=variant["budget"],
+                                            compiler=variant["compiler"],
+                                            compiled_autograd=True)
+            start = time.perf_counter()
+            compiled.backward(compiled(x).pow(2).mean())
+            results.append({**variant, "max_grad_error": _max_grad_error(wrapped, eager),
+                            "graphs": _graphs_compiled(),
+                            "seconds": time.perf_counter() - start})
+            torch._dynamo.config.optimize_ddp = True
+            continue
         if variant["wrap"] == "ddp":
             # tiny buckets (the first one no bigger, as Dynamo's DDP optimizer requires): it
             # splits the graph at bucket boundaries
