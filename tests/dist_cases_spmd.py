@@ -8,19 +8,15 @@ about 10 s of imports on this machine).
 from __future__ import annotations
 
 import time
-import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from aot_config import functorch as functorch_config
-from aot_partition import estimators
+from aot_partition import estimators, spmd
 from aot_partition.partitioners import partition_with_report
 from aot_partition.spmd import PartitionDisagreementError
 from functorch.compile import aot_function, nop
-
-warnings.filterwarnings("ignore", category=FutureWarning)  # funcol.all_gather_tensor's notice
-
 
 # ---- a block calling functional collectives ---------------------------------------------------
 
@@ -31,7 +27,9 @@ def collective_block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
     group = dist.group.WORLD
     h = torch.sin(x) * 2
-    gathered = funcol.all_gather_tensor(h, 0, group)
+    # all_gather_single is all_gather_tensor's newer name (the old one warns from torch 2.13)
+    all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+    gathered = all_gather(h, 0, group)
     reduced = funcol.all_reduce(gathered, "sum", group)
     scattered = funcol.reduce_scatter_tensor(torch.relu(reduced) @ w, "sum", 0, group)
     return scattered.sin().sum()
@@ -218,6 +216,20 @@ def _max_grad_error(model: torch.nn.Module, eager: dict[str, torch.Tensor]) -> f
     return worst
 
 
+def _count_agreements() -> Any:
+    """Count the agreements of 'profile' times (spmd.agree_on_profile_times) from now on."""
+    original = spmd.agree_on_profile_times
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counted.calls += 1  # type: ignore[attr-defined]
+        return original(*args, **kwargs)
+
+    counted.calls = 0  # type: ignore[attr-defined]
+    counted.original = original  # type: ignore[attr-defined]
+    spmd.agree_on_profile_times = counted
+    return counted
+
+
 def _graphs_compiled() -> int:
     """Graphs AOTAutograd compiled (the DDP optimizer's split counts each piece)."""
     from torch._dynamo.utils import counters
@@ -225,12 +237,49 @@ def _graphs_compiled() -> int:
     return int(counters["aot_autograd"]["total"])
 
 
-def training(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per variant ({"wrap": "ddp" | "fsdp2" | "ddp+compiled_autograd", "budget": float,
-    "compiler": "nop" | "inductor"}): one forward+backward compiled with backend="aot_pipeline", its largest
-    gradient error against eager, how many graphs AOTAutograd compiled and the seconds."""
+def _step(variant: dict[str, Any], model: torch.nn.Module, x: torch.Tensor
+          ) -> torch.nn.Module:
+    """One compiled forward+backward of ``model`` wrapped as ``variant`` says; the wrapper."""
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
+
+    options = {"compiler": variant["compiler"], "memory_budget": variant["budget"]}
+    if variant["wrap"] == "ddp+compiled_autograd":
+        import aot_pipeline
+
+        # compiled autograd sees DDP's gradient hooks only through the python reducer
+        torch._dynamo.config.optimize_ddp = "python_reducer"
+        try:
+            wrapped: torch.nn.Module = DistributedDataParallel(model)
+            compiled = aot_pipeline.compile(wrapped, memory_budget=variant["budget"],
+                                            compiler=variant["compiler"],
+                                            compiled_autograd=True)
+            compiled.backward(compiled(x).pow(2).mean())
+        finally:
+            torch._dynamo.config.optimize_ddp = True
+        return wrapped
+    if variant["wrap"] == "ddp":
+        # tiny buckets (the first one no bigger, as Dynamo's DDP optimizer requires): it splits
+        # the graph at bucket boundaries
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 4000  # type: ignore[attr-defined]
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=0.004)
+        runner = torch.compile(wrapped, backend="aot_pipeline", options=options)
+    else:
+        for block in model.blocks:
+            fully_shard(block)
+            block.compile(backend="aot_pipeline", options=options)
+        wrapped = runner = fully_shard(model)
+    runner(x).pow(2).mean().backward()
+    return wrapped
+
+
+def training(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant ({"wrap": "ddp" | "fsdp2" | "ddp+compiled_autograd", "budget": float,
+    "compiler": "nop" | "inductor", optionally "flags": aot_config.functorch flags to patch}):
+    one forward+backward compiled with backend="aot_pipeline"; its largest gradient error
+    against eager, how many graphs AOTAutograd compiled, how many agreements of 'profile'
+    times ran, and the seconds."""
+    from torch._dynamo.utils import counters
 
     torch.manual_seed(1234)  # a different batch on each rank: the gradients must be averaged
     batches = [torch.randn(4, 8, 16) for _ in range(dist.get_world_size())]
@@ -239,44 +288,18 @@ def training(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
     results = []
     for variant in variants:
         torch._dynamo.reset()
-        from torch._dynamo.utils import counters
-
         counters.clear()
-        options = {"compiler": variant["compiler"], "memory_budget": variant["budget"]}
         torch.manual_seed(0)
-        model = Stack()
-        if variant["wrap"] == "ddp+compiled_autograd":
-            import aot_pipeline
-
-            # compiled autograd sees DDP's gradient hooks only through the python reducer
-            torch._dynamo.config.optimize_ddp = "python_reducer"
-            wrapped = DistributedDataParallel(model)
-            compiled = aot_pipeline.compile(wrapped, memory_budget=variant["budget"],
-                                            compiler=variant["compiler"],
-                                            compiled_autograd=True)
-            start = time.perf_counter()
-            compiled.backward(compiled(x).pow(2).mean())
-            results.append({**variant, "max_grad_error": _max_grad_error(wrapped, eager),
-                            "graphs": _graphs_compiled(),
-                            "seconds": time.perf_counter() - start})
-            torch._dynamo.config.optimize_ddp = True
-            continue
-        if variant["wrap"] == "ddp":
-            # tiny buckets (the first one no bigger, as Dynamo's DDP optimizer requires): it
-            # splits the graph at bucket boundaries
-            dist._DEFAULT_FIRST_BUCKET_BYTES = 4000  # type: ignore[attr-defined]
-            wrapped: torch.nn.Module = DistributedDataParallel(model, bucket_cap_mb=0.004)
-            runner = torch.compile(wrapped, backend="aot_pipeline", options=options)
-        else:
-            for block in model.blocks:
-                fully_shard(block)
-                block.compile(backend="aot_pipeline", options=options)
-            wrapped = fully_shard(model)
-            runner = wrapped
         start = time.perf_counter()
-        runner(x).pow(2).mean().backward()
+        agreed = _count_agreements()
+        try:
+            with functorch_config.patch(**variant.get("flags", {})):
+                wrapped = _step(variant, Stack(), x)
+        finally:
+            spmd.agree_on_profile_times = agreed.original  # type: ignore[attr-defined]
         results.append({**variant, "max_grad_error": _max_grad_error(wrapped, eager),
-                        "graphs": _graphs_compiled(), "seconds": time.perf_counter() - start})
+                        "graphs": _graphs_compiled(), "seconds": time.perf_counter() - start,
+                        "profile agreements": agreed.calls})
     return results
 
 

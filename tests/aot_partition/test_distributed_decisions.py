@@ -133,7 +133,9 @@ def test_under_an_agreement_milp_limits_are_nodes_and_profiles_are_the_agreed_on
     key = estimators.profile_key(nodes["relu"])
     token = spmd._CURRENT.set(spmd.Agreement({key: 7.0}, deterministic_limits=True))
     try:
-        assert spmd.milp_limits(10.0) == {"node_limit": spmd.MILP_NODE_LIMIT}
+        assert spmd.milp_limits(10.0) == {"node_limit": 10 * spmd.MILP_NODES_PER_SECOND}
+        assert spmd.milp_limits(2.0) == {"node_limit": 2 * spmd.MILP_NODES_PER_SECOND}
+        assert spmd.milp_limits(float("inf")) == {}
         assert estimators.estimate_runtime(nodes["relu"], "profile") == 7.0
         # an op that was not agreed gets its roofline time (ms), never a local measurement
         graph = fx.Graph()
@@ -145,6 +147,17 @@ def test_under_an_agreement_milp_limits_are_nodes_and_profiles_are_the_agreed_on
             estimators.roofline_runtime(other) * 1e3)
     finally:
         spmd._CURRENT.reset(token)
+
+
+def test_a_node_limit_stop_counts_as_not_proven_optimal():
+    # scipy (1.17) reports HiGHS's node limit as status 4 with this message
+    node_limit = ("The HiGHS status code was not recognized. (HiGHS Status 16: Solution limit "
+                  "reached)")
+    assert spmd.stopped_by_limit(4, node_limit)
+    assert spmd.stopped_by_limit(1, "Time limit reached. (HiGHS Status 13: Time limit reached)")
+    assert not spmd.stopped_by_limit(0, "Optimization terminated successfully. (HiGHS Status 7: "
+                                        "Optimal)")
+    assert not spmd.stopped_by_limit(4, "The problem is unbounded or infeasible. ")
 
 
 def test_the_disagreement_message_names_the_nodes_of_each_rank():
@@ -214,7 +227,11 @@ def test_ddp_and_fsdp2_give_eager_gradients_at_every_budget():
     variants = [{"wrap": wrap, "budget": budget, "compiler": "nop"}
                 for wrap in ("ddp", "fsdp2") for budget in (1.0, 0.5, 0.0)]
     variants += [{"wrap": "fsdp2", "budget": 0.5, "compiler": "inductor"},
-                 {"wrap": "ddp+compiled_autograd", "budget": 0.5, "compiler": "nop"}]
+                 {"wrap": "ddp+compiled_autograd", "budget": 0.5, "compiler": "nop"},
+                 # the agreement of measured times and the check, inside torch.compile
+                 {"wrap": "fsdp2", "budget": 0.5, "compiler": "nop",
+                  "flags": {"activation_memory_budget_runtime_estimator": "profile",
+                            "check_partition_agreement": True}}]
     results = run_ranks("dist_cases_spmd:training", world_size=2, kwargs={"variants": variants},
                         timeout=300)
     for rank in results:
@@ -223,3 +240,6 @@ def test_ddp_and_fsdp2_give_eager_gradients_at_every_budget():
         for seen in rank:
             assert seen["max_grad_error"] <= 1e-5, seen
             assert seen["graphs"] == GRAPHS[seen["wrap"]], seen
+            # one agreement of 'profile' times per compiled graph, none with the default estimator
+            profiled = "flags" in seen
+            assert seen["profile agreements"] == (seen["graphs"] if profiled else 0), seen

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .spmd import milp_limits
+from .spmd import milp_limits, stopped_by_limit
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def _solve_milp(problem: SaveOrRecompute, time_limit_s: float) -> SaveOrRecomput
     elapsed = time.perf_counter() - start
     gap = getattr(result, "mip_gap", None)
     gap = None if gap is None else float(gap)
-    time_limited = result.status == 1
+    time_limited = stopped_by_limit(result.status, str(result.message))
     if result.x is None:  # proven infeasible (the capacity is too small) is not a warning
         log.log(logging.WARNING if time_limited else logging.INFO,
                 "ilp_graph: no feasible answer in %.2f s (%s)", elapsed, result.message)

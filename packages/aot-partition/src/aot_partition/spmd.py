@@ -17,8 +17,9 @@ default on; ``PartitionConfig.agree_across_ranks``):
   ("flops", "roofline", "testing") need nothing: they are deterministic by construction.
 - **MILP time limits** (HiGHS in the "ilp_graph" solver and the reference check's exact
   candidate): a wall-clock limit stops each rank at a different point. With more than one rank
-  the limit becomes a node limit (``MILP_NODE_LIMIT`` branch-and-bound nodes), a deterministic
-  amount of work: the same answer on every rank, whatever its speed (``milp_limits``).
+  the limit becomes a node limit (``MILP_NODES_PER_SECOND`` branch-and-bound nodes per second
+  of it), a deterministic amount of work: the same answer on every rank, whatever its speed
+  (``milp_limits``; ``stopped_by_limit`` reads either stop as "not proven optimal").
 
 Cost: nothing unless the "profile" estimator is in use (as the estimator or the reference
 estimator) at a budget that needs runtimes (below 1.0, or a byte cap). Then, per compiled
@@ -47,6 +48,7 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +63,7 @@ from .errors import PartitionError
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MILP_NODE_LIMIT",
+    "MILP_NODES_PER_SECOND",
     "Agreement",
     "PartitionDisagreementError",
     "agreed_runtime",
@@ -69,10 +71,13 @@ __all__ = [
     "milp_limits",
     "multi_rank",
     "rank_agreement",
+    "stopped_by_limit",
 ]
 
-# HiGHS branch-and-bound nodes a MILP may explore on many ranks (instead of a time limit).
-MILP_NODE_LIMIT = 2000
+# On many ranks a MILP's time limit becomes this many HiGHS branch-and-bound nodes per second
+# of it (about what a 500-node save-or-recompute MILP explores per second on a busy 2-core VM):
+# 10 s -> 2,000 nodes, the reference check's 2 s -> 400.
+MILP_NODES_PER_SECOND = 200
 _HASH_BITS = 62  # fits an int64, and so does its negation
 
 
@@ -217,12 +222,22 @@ def profile_agreed() -> bool:
 
 
 def milp_limits(time_limit_s: float) -> dict[str, float | int]:
-    """HiGHS options bounding one solve: ``time_limit_s`` seconds on one rank; under a rank
-    agreement ``MILP_NODE_LIMIT`` nodes instead (deterministic work, the same on every rank)."""
+    """scipy ``milp`` options bounding one solve: ``time_limit_s`` seconds on one rank; under a
+    rank agreement ``MILP_NODES_PER_SECOND * time_limit_s`` branch-and-bound nodes instead
+    (deterministic work, the same on every rank; no limit for an infinite time limit)."""
     agreement = _CURRENT.get()
-    if agreement is not None and agreement.deterministic_limits:
-        return {"node_limit": MILP_NODE_LIMIT}
-    return {"time_limit": time_limit_s}
+    if agreement is None or not agreement.deterministic_limits:
+        return {"time_limit": time_limit_s}
+    if not math.isfinite(time_limit_s):
+        return {}
+    return {"node_limit": max(1, round(MILP_NODES_PER_SECOND * time_limit_s))}
+
+
+def stopped_by_limit(status: int, message: str) -> bool:
+    """Whether scipy's ``milp`` stopped on a limit before proving optimality: status 1 (time
+    or iteration limit), or HiGHS's "Solution limit reached" (its node limit), which scipy
+    reports as status 4 with that text."""
+    return status == 1 or (status == 4 and "limit reached" in message.lower())
 
 
 # ---- the fingerprint check ------------------------------------------------------------------
