@@ -13,9 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from aot_config import functorch as functorch_config
-from aot_partition import estimators, spmd
+from aot_partition import PartitionDisagreementError, estimators, spmd
 from aot_partition.partitioners import partition_with_report
-from aot_partition.spmd import PartitionDisagreementError
 from functorch.compile import aot_function, nop
 
 # ---- a block calling functional collectives ---------------------------------------------------

@@ -16,6 +16,7 @@ from .errors import (
     GraphCycleError,
     InfeasibleMinCutError,
     MissingMetadataError,
+    PartitionDisagreementError,
     PartitionError,
     UnreachableMemoryBudgetError,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "NodeInfo",
     "OpTypes",
     "PartitionConfig",
+    "PartitionDisagreementError",
     "PartitionError",
     "PartitionReport",
     "UnreachableMemoryBudgetError",

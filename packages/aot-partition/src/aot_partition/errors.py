@@ -67,3 +67,8 @@ class UnreachableMemoryBudgetError(ValueError):
             f"{what} {cap} bytes is unreachable: the least this graph can {verb} is "
             f"{least} bytes ({least_label})"
         )
+
+
+class PartitionDisagreementError(PartitionError):
+    """Many ranks (spmd.py): the ranks' partitions of one graph differ
+    (``check_partition_agreement``), or ranks compile different graphs; every rank raises it."""
