@@ -10,6 +10,7 @@ process group.
 from __future__ import annotations
 
 import operator
+import re
 
 import pytest
 import torch
@@ -213,6 +214,18 @@ def test_the_agreement_check_names_the_differing_nodes(decisions):
 
 def test_the_agreement_check_is_quiet_when_ranks_agree(decisions):
     assert [rank["profiles"]["check, agreed"] for rank in decisions] == [None, None]
+
+
+def test_ranks_compiling_different_graphs_fail_alike_instead_of_hanging(decisions):
+    # rank 1's blocks are half as wide: other op signatures, as many of them
+    for seen in decisions:
+        match = re.fullmatch(
+            r"ranks compile different graphs: the ranks' joint graphs have \d+ distinct op "
+            r"signatures to profile each, but not the same ones; the 'profile' estimator's times "
+            r"cannot be agreed. Ranks that compile different graphs \(pipeline stages\) need "
+            r"the flag agree_partition_across_ranks=False",
+            seen["profiles"]["different graphs"])
+        assert match, seen["profiles"]["different graphs"]
 
 
 # ---- 2 real ranks: DDP and FSDP2 through torch.compile(backend="aot_pipeline") ---------------

@@ -49,6 +49,7 @@ import contextvars
 import hashlib
 import logging
 import math
+import re
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,10 @@ __all__ = [
 # 10 s -> 2,000 nodes, the reference check's 2 s -> 400.
 MILP_NODES_PER_SECOND = 200
 _HASH_BITS = 62  # fits an int64, and so does its negation
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_DIFFERENT_GRAPHS_HINT = ("the 'profile' estimator's times cannot be agreed. Ranks that compile "
+                          "different graphs (pipeline stages) need the flag "
+                          "agree_partition_across_ranks=False")
 
 
 def multi_rank() -> bool:
@@ -178,16 +183,19 @@ def agree_on_profile_times(joint_graph: fx.Graph, measure: Callable[[fx.Node], f
         key = signature(node)
         if key is not None:
             keys.setdefault(key, node)
-    ops = "/".join(str(node.target) for node in keys.values())
+    # The signatures themselves (ops, shapes, dtypes), without object addresses.
+    ops = _ADDRESS.sub("", "/".join(map(repr, keys)))
     header = _all_reduce_max([len(keys), -len(keys), _hash62(ops), -_hash62(ops)],
                              torch.int64)
-    if header[0] != -header[1] or header[2] != -header[3]:
+    if header[0] != -header[1]:
+        other = header[0] if header[0] != len(keys) else -header[1]
         raise PartitionDisagreementError(
             f"ranks compile different graphs: this rank's joint graph has {len(keys)} distinct "
-            f"ops to profile, another's {header[0] if header[0] != len(keys) else -header[1]} "
-            "(or a different op sequence); the 'profile' estimator's times cannot be agreed. "
-            "Ranks that compile different graphs (pipeline stages) need the flag "
-            "agree_partition_across_ranks=False")
+            f"op signatures to profile, another's {other}; {_DIFFERENT_GRAPHS_HINT}")
+    if header[2] != -header[3]:
+        raise PartitionDisagreementError(
+            f"ranks compile different graphs: the ranks' joint graphs have {len(keys)} distinct "
+            f"op signatures to profile each, but not the same ones; {_DIFFERENT_GRAPHS_HINT}")
     local = [float(measure(node)) for node in keys.values()]
     agreed = _all_reduce_max(local, torch.float64) if local else []
     log.info("rank agreement: %d profiled op times reduced (max) over %d ranks", len(local),
