@@ -130,8 +130,10 @@ def test_no_import_cycle_inside_a_package(package_dir: Path) -> None:
 # order inside the row is fixed by the cycle test.
 AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # leaves: errors, flag access, torch-release differences, the joint graph's conventions,
-    # sizes (the leaves may import each other; the cycle test keeps them acyclic)
-    ("errors", "flags", "config", "_compat", "graph_modules", "joint", "sizes"),
+    # sizes, functional collectives, the rank agreement (the leaves may import each other; the
+    # cycle test keeps them acyclic)
+    ("errors", "flags", "config", "_compat", "graph_modules", "joint", "sizes", "collectives",
+     "spmd"),
     # graph passes (one function each: graph in, "changed" out)
     ("passes", "passes.cse", "passes.dce", "passes.recompute_tags", "passes.reorder",
      "passes.rng", "passes.rng_ops"),

@@ -46,7 +46,11 @@ FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save
                     "activation_memory_budget_reference_estimator": "flops",
                     "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None,
                     "activation_memory_budget_best_effort": False,
-                    "lazy_partition_modules": True}
+                    "lazy_partition_modules": True,
+                    # many ranks (issue 26): torch's unsafe_allow_optimization_of_collectives
+                    # under our name, and the rank agreement of aot_partition.spmd
+                    "allow_recompute_collectives": False, "agree_partition_across_ranks": True,
+                    "check_partition_agreement": False, "collective_bandwidth_gbps": 50.0}
 
 # torch/_dynamo/config.py (seed 001), without the values that depend on the machine.
 DYNAMO_SEED = {

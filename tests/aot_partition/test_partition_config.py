@@ -133,19 +133,19 @@ def test_read_flag_is_called_only_in_config_py():
 
 def test_active_ban_rules_all_on_and_aggressive():
     all_on = [name for name, _ in P.active_ban_rules(ALL_ON)]
-    assert all_on == ["never_recomputable", "not_in_allowlist", "materialized_in_backward",
-                      "too_far_from_backward", "reduction"]
+    assert all_on == ["never_recomputable", "collective", "not_in_allowlist",
+                      "materialized_in_backward", "too_far_from_backward", "reduction"]
     with functorch_config.patch(aggressive_recomputation=True):
         aggressive_options = PartitionConfig.from_flags().options
     aggressive = [name for name, _ in P.active_ban_rules(aggressive_options)]
-    assert aggressive == ["never_recomputable", "random_op", "compute_intensive",
+    assert aggressive == ["never_recomputable", "collective", "random_op", "compute_intensive",
                           "too_far_from_backward", "reduction"]
     assert [name for name, _ in P.active_graph_rules(ALL_ON)] == [
         "ban_used_far_apart", "ban_long_fusible_chains"]
     assert P.active_graph_rules(aggressive_options) == ()
     assert P.active_rule_names(replace(ALL_ON, ban_if_reduction=False,
                                        ban_if_used_far_apart=False)) == (
-        "never_recomputable", "not_in_allowlist", "materialized_in_backward",
+        "never_recomputable", "collective", "not_in_allowlist", "materialized_in_backward",
         "too_far_from_backward", "ban_long_fusible_chains")
 
 
@@ -171,8 +171,8 @@ def test_report_records_the_rules_and_the_config(capture):
     config = PartitionConfig(options=MinCutOptions(False, False, False, False, True))
     report = explain_partition(joint.module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs,
                                config=config)
-    assert report.active_rules == ("never_recomputable", "random_op", "compute_intensive",
-                                   "too_far_from_backward", "reduction")
+    assert report.active_rules == ("never_recomputable", "collective", "random_op",
+                                   "compute_intensive", "too_far_from_backward", "reduction")
     assert report.config == config
     # explain_partition's memory_budget stays an override on top of the config.
     report = explain_partition(joint.module, joint.inputs, num_fwd_outputs=joint.num_fwd_outputs,

@@ -183,6 +183,41 @@ visualize_memory_budget_pareto: bool = flag(
     doc="Draw runtime vs. activation memory for budgets 0..1 (step 0.5) as a PNG.",
 )
 
+# ---- many ranks (torch.distributed) ---------------------------------------------------------------
+
+# torch's unsafe_allow_optimization_of_collectives, under a name that says what it allows.
+allow_recompute_collectives: bool = flag(
+    False,
+    doc="Let the partitioner recompute functional collectives (_c10d_functional ops and their "
+        "waits) in the backward; off: they are always saved (network traffic, deadlocks).",
+)
+
+agree_partition_across_ranks: bool = flag(
+    True,
+    doc="With more than one rank, make measured ('profile') runtimes and MILP limits the same on "
+        "every rank (one all-reduce per compiled graph); off when ranks compile different graphs.",
+)
+
+check_partition_agreement: bool = flag(
+    False,
+    doc="With more than one rank, all-reduce a fingerprint of each saved set and raise, naming "
+        "the differing nodes, when the ranks' partitions differ.",
+)
+
+def _positive_finite(value: float) -> str | None:
+    if not 0 < value < float("inf"):
+        return f"must be a positive, finite number of GB/s, got {value!r}"
+    return None
+
+
+collective_bandwidth_gbps: float = flag(
+    50.0,
+    type=float,
+    validator=_positive_finite,
+    doc="Network bandwidth in GB/s (1e9 bytes/s) that prices a collective's bytes in the "
+        "'profile' and 'roofline' estimators (collectives are never run to time them).",
+)
+
 # ---- fake tensors and effects ---------------------------------------------------------------------
 
 fake_tensor_allow_unsafe_data_ptr_access: bool = flag(

@@ -17,6 +17,7 @@ from .errors import (
     GraphCycleError,
     InfeasibleMinCutError,
     MissingMetadataError,
+    PartitionDisagreementError,
     PartitionError,
     UnreachableMemoryBudgetError,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "NodeInfo",
     "OpTypes",
     "PartitionConfig",
+    "PartitionDisagreementError",
     "PartitionError",
     "PartitionReport",
     "RegionOutcome",

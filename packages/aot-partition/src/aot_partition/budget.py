@@ -46,7 +46,7 @@ from .joint import is_bwd_seed_offset, is_random, is_tangent
 from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
 from .network import NetworkMemo
 from .passes.rng import device_of, rng_state_nbytes
-from .policy import MinCutOptions, never_recompute
+from .policy import MinCutOptions, never_released
 from .sizes import node_nbytes
 from .solve import MinCutSolution, solve_min_cut_detailed
 
@@ -103,17 +103,18 @@ def recompute_savings(node: fx.Node) -> int:
     return max(nbytes, 0)
 
 
-def recompute_candidates(node_info: NodeInfo, banned: Sequence[fx.Node]
-                         ) -> tuple[list[fx.Node], list[fx.Node]]:
+def recompute_candidates(node_info: NodeInfo, banned: Sequence[fx.Node],
+                         options: MinCutOptions) -> tuple[list[fx.Node], list[fx.Node]]:
     """(must save, knapsack items) of ``banned``: the banned nodes near enough to the backward
-    and not views of an input; those never recomputed (``never_recompute``) must stay saved,
+    and not views of an input; those never released (``never_released``: never recomputed,
+    or collectives under ``options``) must stay saved,
     the rest are items, biggest first (stable in graph order: torch's knapsack item order)."""
     input_storages = {_storage_key(n) for n in node_info.inputs}
     dist = node_info.dist_from_bw
     recomputable = [n for n in banned
                     if dist.get(n, math.inf) < FAR_FROM_BACKWARD
                     and _storage_key(n) not in input_storages]
-    must_save = [n for n in recomputable if never_recompute(n) is not None]
+    must_save = [n for n in recomputable if never_released(n, options) is not None]
     kept = set(must_save)
     # A random op whose RNG state outweighs its output frees nothing when recomputed:
     # it stays banned (saved) rather than being left to the knapsack's tie-breaking.
@@ -246,7 +247,8 @@ class BudgetSearch:
         self._collect_candidates(self.aggressive_banned)
 
     def _collect_candidates(self, banned: list[fx.Node]) -> None:
-        self.must_save, self.candidates = recompute_candidates(self.node_info, banned)
+        self.must_save, self.candidates = recompute_candidates(self.node_info, banned,
+                                                               self.options)
         span = self.max_bytes - self.min_bytes
         self.memories = [recompute_savings(n) / span for n in self.candidates]
         self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
@@ -289,8 +291,8 @@ class BudgetSearch:
         """The least memory: the inputs alone (the seed's answer) or the min-cut with every
         candidate released, whichever the backward reads fewer bytes of. A small intermediate
         can be cheaper to save than a big input; nodes that are never recomputed (MUST_SAVE,
-        unreplayable random ops, effects: ``never_recompute``) stay in the forward, so then only
-        the cut qualifies."""
+        unreplayable random ops, effects, collectives: ``never_released``) stay in the forward,
+        so then only the cut qualifies."""
         assert self.aggressive_options is not None
         cut, _ = self.solve(self.aggressive_options, set(self.candidates))
         if self.must_save:

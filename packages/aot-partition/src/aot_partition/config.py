@@ -14,7 +14,7 @@ from typing import Any
 
 from .flags import read_flag
 
-__all__ = ["MinCutOptions", "PartitionConfig"]
+__all__ = ["MinCutOptions", "PartitionConfig", "collective_bandwidth_gbps"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class MinCutOptions:
     ban_if_materialized_backward: bool = True
     ban_if_not_in_allowlist: bool = True
     ban_if_reduction: bool = True
+    # Ours: functional collectives are never recomputed (flag allow_recompute_collectives).
+    ban_if_collective: bool = True
 
     @classmethod
     def from_flags(cls) -> MinCutOptions:
@@ -34,7 +36,8 @@ class MinCutOptions:
 
     @classmethod
     def _from(cls, read: Any) -> MinCutOptions:
-        options = cls(**{name: bool(read(flag)) for name, flag in _FLAG_OF_OPTION.items()})
+        options = cls(**{name: bool(read(flag)) for name, flag in _FLAG_OF_OPTION.items()},
+                      ban_if_collective=not read("allow_recompute_collectives"))
         if read("aggressive_recomputation"):
             options = replace(options, ban_if_used_far_apart=False,
                               ban_if_long_fusible_chains=False,
@@ -70,6 +73,9 @@ _FLAG_OF_FIELD = {
     "debug": "debug_partitioner",
     "visualize_pareto": "visualize_memory_budget_pareto",
     "graph_format": "torch_compile_graph_format",
+    "agree_across_ranks": "agree_partition_across_ranks",
+    "check_agreement": "check_partition_agreement",
+    "collective_bandwidth_gbps": "collective_bandwidth_gbps",
 }
 
 
@@ -97,6 +103,10 @@ class PartitionConfig:
     debug: bool = False
     visualize_pareto: bool = False
     graph_format: str = "svg"
+    # Many ranks (spmd.py): agree on measured runtimes and MILP limits; check the saved sets.
+    agree_across_ranks: bool = True
+    check_agreement: bool = False
+    collective_bandwidth_gbps: float = 50.0
 
     @classmethod
     def from_flags(cls, **overrides: Any) -> PartitionConfig:
@@ -119,4 +129,10 @@ class PartitionConfig:
         heuristics in force (``aggressive_recomputation`` has already turned four off)."""
         flags = {flag: getattr(self, name) for name, flag in _FLAG_OF_FIELD.items()}
         flags.update({flag: getattr(self.options, name) for name, flag in _FLAG_OF_OPTION.items()})
+        flags["allow_recompute_collectives"] = not self.options.ban_if_collective
         return flags
+
+def collective_bandwidth_gbps() -> float:
+    """The flag ``collective_bandwidth_gbps``, read now: the runtime estimators take no config,
+    and only the few collective nodes of a graph read it."""
+    return float(read_flag("collective_bandwidth_gbps"))

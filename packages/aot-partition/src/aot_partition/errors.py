@@ -83,3 +83,8 @@ class FlagConflictError(ValueError):
             f"torch._functorch.config.{name} = {torch_value!r} and "
             f"aot_config.functorch.{name} = {our_value!r}: {problem}"
         )
+
+
+class PartitionDisagreementError(PartitionError):
+    """Many ranks (spmd.py): the ranks' partitions of one graph differ
+    (``check_partition_agreement``), or ranks compile different graphs; every rank raises it."""

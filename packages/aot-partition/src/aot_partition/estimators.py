@@ -13,6 +13,12 @@ Estimators (the flag ``activation_memory_budget_runtime_estimator``):
   random stream); an op that fails on zero-filled arguments gets its roofline time, in ms.
 - ``"testing"``: 1 for every node.
 
+Functional collectives (collectives.py) are never run to be timed: "profile" (in ms) and
+"roofline" (in s) price them as the bytes they send over ``collective_bandwidth_gbps``; their
+waits cost 0. Under a rank agreement (spmd.py: many ranks), "profile" reads the times agreed by
+every rank before the search; an op signature not among them gets its roofline time, never a
+rank-local measurement.
+
 Units differ between estimators (FLOPs, seconds, milliseconds); the budget search only compares
 estimates of one estimator within one search, so only their ratios matter.
 
@@ -34,8 +40,10 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from . import spmd
 from ._compat import check_real_tensors, real_kernels
-from .config import PartitionConfig
+from .collectives import collective_seconds, is_collective
+from .config import PartitionConfig, collective_bandwidth_gbps
 from .roofline import is_matmul_like, roofline_seconds, settings_version
 from .sizes import size_hint
 
@@ -222,15 +230,54 @@ def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
         return 1.0
     if node.op != "call_function" or not callable(node.target):
         return 1.0
-    key: tuple[Any, ...] = (estimator, node.target, _signature(node.args),
-                            _signature(node.kwargs))
-    if estimator == "roofline":
-        key += (settings_version(),)
+    if is_collective(node) and estimator != "flops":
+        seconds = collective_seconds(node, collective_bandwidth_gbps())
+        return seconds * 1e3 if estimator == "profile" else seconds
+    key = _estimate_key(node, estimator)
+    if estimator == "profile" and spmd.profile_agreed():
+        agreed = spmd.agreed_runtime(_hashable(key))
+        return agreed if agreed is not None else roofline_runtime(node) * 1e3
     measure = _MEASURES[estimator]
     try:
         cached = _cache.get(key)
     except TypeError:  # an unhashable argument: estimate without caching
         return measure(node)
+    if cached is None:
+        cached = _cache[key] = measure(node)
+    return cached
+
+
+def _estimate_key(node: fx.Node, estimator: str) -> tuple[Any, ...]:
+    """The cache key of ``node``'s estimate: its op and argument signature (plus, for
+    "roofline", the device settings); may be unhashable (an unhashable argument)."""
+    key: tuple[Any, ...] = (estimator, node.target, _signature(node.args),
+                            _signature(node.kwargs))
+    if estimator == "roofline":
+        key += (settings_version(),)
+    return key
+
+
+def _hashable(key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def profile_key(node: fx.Node) -> tuple[Any, ...] | None:
+    """The "profile" estimate's cache key of ``node`` (what ranks agree on, spmd.py); None
+    when an argument is unhashable."""
+    return _hashable(_estimate_key(node, "profile"))
+
+
+def measure_profile(node: fx.Node) -> float:
+    """``node``'s "profile" time on this rank (cached), outside any rank agreement."""
+    measure = _MEASURES["profile"]
+    key = profile_key(node)
+    if key is None:
+        return measure(node)
+    cached = _cache.get(key)
     if cached is None:
         cached = _cache[key] = measure(node)
     return cached

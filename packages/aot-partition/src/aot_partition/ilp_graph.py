@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from .spmd import milp_limits, stopped_by_limit
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ILP_GRAPH_TIME_LIMIT_S", "SaveOrRecompute", "SaveOrRecomputeAnswer", "evaluate",
@@ -217,11 +219,11 @@ def _solve_milp(problem: SaveOrRecompute, time_limit_s: float) -> SaveOrRecomput
     cost = np.concatenate([save_cost[:n], recompute_cost, save_cost[n:]])
     start = time.perf_counter()
     result = milp(c=cost, constraints=constraints, integrality=np.ones(cost.shape[0]),
-                  bounds=bounds, options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
+                  bounds=bounds, options={**milp_limits(time_limit_s), "mip_rel_gap": 1e-6})
     elapsed = time.perf_counter() - start
     gap = getattr(result, "mip_gap", None)
     gap = None if gap is None else float(gap)
-    time_limited = result.status == 1
+    time_limited = stopped_by_limit(result.status, str(result.message))
     if result.x is None:  # proven infeasible (the capacity is too small) is not a warning
         log.log(logging.WARNING if time_limited else logging.INFO,
                 "ilp_graph: no feasible answer in %.2f s (%s)", elapsed, result.message)

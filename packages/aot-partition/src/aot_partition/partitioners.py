@@ -22,6 +22,7 @@ from typing import Any
 
 import torch.fx as fx
 
+from . import spmd
 from .budget import BudgetSearch, validate_memory_budget
 from .caps import (
     Cap,
@@ -39,6 +40,7 @@ from .checkpoint_split import split_tagged_joint
 from .classify import NodeInfo, classify
 from .config import PartitionConfig
 from .errors import UnreachableMemoryBudgetError
+from .estimators import measure_profile, profile_key
 from .extract import default_saved_values, extract_forward_backward
 from .graph_modules import make_graph_module
 from .pareto import ParetoPoint, sweep, write_pareto_png
@@ -386,12 +388,18 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
               else tuple(static_lifetime_input_indices))
     simulator = functools.partial(SimulatedPeak, joint_module, num_fwd_outputs, static)
     peak = simulator(config.runtime_estimator) if config.peak_bytes is not None else None
-    choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator,
-                                  regions)
+    # Many ranks: one decision on every rank (spmd.py); nothing happens on one rank.
+    needs_runtimes = (budget < 1.0 or config.memory_budget_bytes is not None
+                      or config.peak_bytes is not None)
+    with spmd.rank_agreement(joint_graph, config, needs_runtimes=needs_runtimes,
+                             measure=measure_profile, signature=profile_key):
+        choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator,
+                                      regions)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
     cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
+    spmd.check_saved_agreement([*saved_values, *saved_sym_nodes], config)
     fw_module = make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules)
     bw_module = make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,

@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch._higher_order_ops.effects import has_effects
 
 from .classify import FAR_FROM_BACKWARD, NodeInfo, OpTypes
+from .collectives import COLLECTIVE_REASON, is_collective
 from .config import MinCutOptions, PartitionConfig
 from .joint import aten_packet, is_random
 from .passes.recompute_tags import must_recompute, must_save
@@ -115,6 +116,22 @@ def never_recomputable(node: fx.Node, ctx: PolicyContext) -> str | None:
     return never_recompute(node, ctx.effects)
 
 
+def collective(node: fx.Node, ctx: PolicyContext) -> str | None:
+    """A functional collective or its wait (collectives.py); on unless the flag
+    ``allow_recompute_collectives`` is set. Unlike the heuristics, the budget search never
+    releases it (``never_released``); a checkpoint annotation still wins, as in torch."""
+    return COLLECTIVE_REASON if is_collective(node) else None
+
+
+def never_released(node: fx.Node, options: MinCutOptions) -> str | None:
+    """Why the memory-budget search may never release ``node``'s ban under ``options``: a
+    ``never_recompute`` reason, or the collective ban when it is on; else None."""
+    reason = never_recompute(node)
+    if reason is None and options.ban_if_collective and is_collective(node):
+        reason = COLLECTIVE_REASON
+    return reason
+
+
 def not_in_allowlist(node: fx.Node, ctx: PolicyContext) -> str | None:
     if not ctx.op_types.is_recomputable(node):
         return f"not in allowlist: {aten_packet(node)} is not a recomputable op"
@@ -184,6 +201,7 @@ def reduction(node: fx.Node, ctx: PolicyContext) -> str | None:
 # follows torch.
 NODE_PREDICATES: tuple[Predicate, ...] = (
     never_recomputable,
+    collective,
     not_in_allowlist,
     random_op,
     compute_intensive,
@@ -202,6 +220,7 @@ def active_ban_rules(options: MinCutOptions) -> tuple[NodeRule, ...]:
     allowlist = options.ban_if_not_in_allowlist
     switches: dict[Predicate, bool] = {
         never_recomputable: True,        # recompute must replay the forward exactly
+        collective: options.ban_if_collective,
         not_in_allowlist: allowlist,
         random_op: not allowlist,        # without the allowlist, these two stand in for it
         compute_intensive: not allowlist,

@@ -122,7 +122,7 @@ def _groups(search: BudgetSearch, regions: Regions, global_budget: float
     group_of = {node: i for i, budget in enumerate(order) for node in regions.nodes[budget]}
     solution = search.solution_for(search.runtime_optimal)
     banned = list(solution.banned) if solution is not None else []
-    _, items = recompute_candidates(search.node_info, banned)
+    _, items = recompute_candidates(search.node_info, banned, search.options)
     groups = [_Group(f"region {budget.label}", budget, len(regions.nodes[budget]), True,
                      [n for n in items if group_of.get(n) == i])
               for i, budget in enumerate(order)]
