@@ -197,3 +197,15 @@ def test_json_into_a_missing_folder_is_written_after_training(tmp_path):
     import json
 
     assert json.loads(target.read_text())["settings"]["variants"] == ["eager"]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`aot-pipeline partition ... | head`: the closed pipe ends the command without a
+    traceback (exit 1, nothing on stderr)."""
+    process = subprocess.Popen([*COMMAND, "partition", "--model", "gpt", "--layers", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the first line is written
+    err = process.stderr.read().decode()
+    assert (process.wait(timeout=300), err) == (1, "")

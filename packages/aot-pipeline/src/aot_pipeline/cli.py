@@ -369,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, PipelineOptionError, OutputError) as error:
         print(f"{PROG}: error: {_one_line(str(error))}", file=sys.stderr)
         return USAGE_ERROR
+    except BrokenPipeError:
+        # The reader went away (`aot-pipeline partition ... | head`): stop quietly, as other
+        # command-line tools do; stdout to devnull so the interpreter's final flush is silent.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except Exception as error:
         unreachable = _unreachable_budget(error)
         if unreachable is None:
