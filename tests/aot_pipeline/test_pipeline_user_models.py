@@ -88,7 +88,7 @@ def test_a_factory_by_module_name_with_kwargs_and_inputs(capsys, monkeypatch):
      "factory 'package.module:function' / 'path/to/file.py:function'"),
     (["--hf", "gpt2", "--hf-config", "n_layer"],
      "argument --hf-config/--model-config: --hf-config 'n_layer': give key=value pairs "
-     "separated by commas, e.g. n_layer=2,n_embd=128"),
+     "separated by commas, e.g. n_layer=2,n_embd=128,n_head=4"),
     (["--torchvision", "resnet_nine_thousand"],
      "--torchvision 'resnet_nine_thousand' is not a torchvision model; e.g. resnet18, "
      "mobilenet_v3_small, efficientnet_b0, vit_b_16"),
@@ -108,6 +108,15 @@ def test_an_unknown_transformers_architecture_is_named(capsys):
     assert code == 2
     assert err.startswith("aot-pipeline: error: --hf 'no-such-architecture': Unrecognized model")
     assert len(err) < 500 and "Traceback" not in err
+
+
+def test_a_transformers_config_it_cannot_build_is_the_users_error(capsys):
+    pytest.importorskip("transformers")
+    code, _, err = run(capsys, "partition", "--hf", "gpt2", "--hf-config", "n_layer=1,n_embd=128")
+    assert code == 2
+    assert err == ("aot-pipeline: error: --hf 'gpt2': building the model failed: ValueError: "
+                   "`embed_dim` must be divisible by num_heads (got `embed_dim`: 128 and "
+                   "`num_heads`: 12).\n")
 
 
 def test_a_file_that_is_not_an_exported_program(capsys, tmp_path):

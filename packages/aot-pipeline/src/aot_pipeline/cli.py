@@ -291,8 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="a program saved by torch.export.save; its example inputs")
         source.add_argument("--hf-config", "--model-config", dest="model_config",
                             type=_key_values, default={}, metavar="K=V,...",
-                            help="config overrides for --hf (n_layer=2,n_embd=128), or keyword "
-                                 "arguments of the factory / torchvision / timm constructor")
+                            help="config overrides for --hf (n_layer=2,n_embd=128,n_head=4), "
+                                 "or keyword arguments of the factory / torchvision / timm "
+                                 "constructor")
         source.add_argument("--input", dest="inputs", action="append", default=[],
                             metavar="SHAPE[:DTYPE[:HIGH]]",
                             help="an example input such as 2x128:int64:50257 (repeat for "

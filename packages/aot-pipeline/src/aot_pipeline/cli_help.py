@@ -29,7 +29,8 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
          "a cap in bytes instead of a fraction"),
         ("aot-pipeline partition --model mypackage.models:build --memory-budget 0.5",
          "your model: build() returns the module and its example inputs"),
-        ("aot-pipeline partition --hf gpt2 --hf-config n_layer=2,n_embd=128 --memory-budget 0.5",
+        ("aot-pipeline partition --hf gpt2 --hf-config n_layer=2,n_embd=128,n_head=4 "
+         "--memory-budget 0.5",
          "a transformers architecture from a config, random weights"),
         ("aot-pipeline partition --exported model.pt2", "a program saved by torch.export.save"),
     ],

@@ -291,7 +291,7 @@ def parse_key_values(text: str, flag: str) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key.isidentifier():
             raise PipelineOptionError(f"{flag} {text!r}: give key=value pairs separated by commas, "
-                                 "e.g. n_layer=2,n_embd=128")
+                                 "e.g. n_layer=2,n_embd=128,n_head=4")
         word = value.strip()
         lowered = word.lower()
         if lowered in ("true", "false"):

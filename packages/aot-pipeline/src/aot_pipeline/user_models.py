@@ -198,18 +198,18 @@ def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, 
         raise UserModelError(f"--hf {spec.name!r}: {_short(error)}") from error
     except TypeError as error:
         raise UserModelError(f"--hf {spec.name!r}: bad --hf-config: {_short(error)}") from error
-    model = None
-    for auto in ("AutoModelForCausalLM", "AutoModelForImageClassification", "AutoModel"):
-        try:
-            model = getattr(transformers, auto).from_config(config)
-            break
-        except ValueError:
-            continue
-        except Exception as error:
-            raise UserModelError(f"--hf {spec.name!r}: building the model failed: "
-                                 f"{type(error).__name__}: {_short(error)}") from error
-    if model is None:
+    # The first auto class that maps this config (a causal LM's head, else a classifier's, else
+    # the bare model); a config it maps but cannot build is the user's error, said as such.
+    autos = [getattr(transformers, name) for name in
+             ("AutoModelForCausalLM", "AutoModelForImageClassification", "AutoModel")]
+    auto = next((a for a in autos if type(config) in a._model_mapping), None)
+    if auto is None:
         raise UserModelError(f"--hf {spec.name!r}: transformers has no model class for it")
+    try:
+        model = auto.from_config(config)
+    except Exception as error:
+        raise UserModelError(f"--hf {spec.name!r}: building the model failed: "
+                             f"{type(error).__name__}: {_short(error)}") from error
     model.train()
     if getattr(config, "image_size", None) and getattr(config, "num_channels", None):
         size = config.image_size
