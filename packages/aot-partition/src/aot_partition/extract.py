@@ -39,7 +39,7 @@ from .joint import (
     is_tangent,
 )
 from .passes.dce import treats_random_as_impure
-from .sizes import is_opaque
+from .sizes import is_opaque, is_opaque_value
 
 
 def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: Sequence[Any],
@@ -213,8 +213,8 @@ def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
     bindings: dict[Any, fx.Node] | None = None  # a whole-graph scan: only when needed
     for node in [*derived, *saved_values, *tangents]:
         val = node.meta.get("val")
-        if val is None or (isinstance(val, torch.Tensor)
-                           and not val._has_symbolic_sizes_strides):
+        if val is None or is_opaque_value(val) or (isinstance(val, torch.Tensor)
+                                                   and not val._has_symbolic_sizes_strides):
             continue  # static shapes (the usual case): no symbol, and free_symbols is slow
         new_symbols = free_symbols(val) - saved_symbols
         if not new_symbols:
