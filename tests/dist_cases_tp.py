@@ -26,8 +26,12 @@ LEARNING_RATE = 0.1
 
 
 def _pipeline(budget: float, compiler: str) -> dict[str, Any]:
+    """torch.compile's arguments: our back end with ``compiler``, or with "torch_inductor"
+    torch's own ``backend="inductor"`` (its partitioner; ``budget`` ignored)."""
     import aot_pipeline  # noqa: F401  (registers the back end)
 
+    if compiler == "torch_inductor":
+        return {"backend": "inductor"}
     return {"backend": "aot_pipeline", "options": {"compiler": compiler, "memory_budget": budget}}
 
 

@@ -203,3 +203,25 @@ def test_torch_aot_eager_block_reading_to_local_view():
                                 "backend": "aot_eager", "copy_embeddings": False},
                         timeout=240)
     _check(results, variants)
+
+
+@pytest.mark.slow
+def test_where_torch_2_13_inductor_misplaces_a_mesh_ours_matches_eager():
+    """TP with sequence parallel and SAC on a 1x2 (dp x tp) mesh, compiled after a `nop`
+    compile in the same process: torch 2.13's own ``backend="inductor"`` saves a mesh among
+    the tensors (AOTAutograd then refuses it; 2.11 and 2.15 pass), ours keeps it in the
+    opaque group and matches eager."""
+    config = {"sequence_parallel": True, "checkpoint": True}
+    variants = [{"budget": 0.0, "compiler": "nop", **config},
+                {"budget": 0.5, "compiler": "torch_inductor", **config},
+                {"budget": 0.5, "compiler": "inductor", **config}]
+    results = run_ranks("dist_cases_tp:fsdp_tp_llama", world_size=2,
+                        kwargs={"variants": variants, "data_parallel": 1}, timeout=300)
+    torch_key = "budget=0.5, compiler=torch_inductor, sequence_parallel=True, checkpoint=True"
+    theirs = [by_variant.pop(torch_key) for by_variant in results]
+    _check(results, [v for v in variants if v["compiler"] != "torch_inductor"])
+    if TORCH_VERSION == (2, 13):
+        assert all(isinstance(t, str) and "expected all tensors_saved_with_vc_check to be "
+                   "Tensors" in t for t in theirs), theirs
+    else:
+        assert all(isinstance(t, dict) and t["grad"] <= GRAD_TOLERANCE for t in theirs), theirs
