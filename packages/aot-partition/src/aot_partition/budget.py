@@ -47,7 +47,7 @@ from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsac
 from .network import NetworkMemo
 from .passes.rng import device_of, rng_state_nbytes
 from .policy import MinCutOptions, never_released
-from .sizes import node_nbytes
+from .sizes import is_opaque, node_nbytes
 from .solve import MinCutSolution, solve_min_cut_detailed
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def recompute_candidates(node_info: NodeInfo, banned: Sequence[fx.Node],
     dist = node_info.dist_from_bw
     recomputable = [n for n in banned
                     if dist.get(n, math.inf) < FAR_FROM_BACKWARD
-                    and _storage_key(n) not in input_storages]
+                    and _storage_key(n) not in input_storages and not is_opaque(n)]
     must_save = [n for n in recomputable if never_released(n, options) is not None]
     kept = set(must_save)
     # A random op whose RNG state outweighs its output frees nothing when recomputed:
@@ -358,9 +358,11 @@ def _ilp_forward_nodes(search: BudgetSearch) -> list[fx.Node]:
 
 
 def _ilp_savable(node: fx.Node) -> bool:
-    """The min cut's rule (network.py): a tensor, a symbolic scalar or a BackwardState can be
-    saved; a tuple-valued node (``native_layer_norm``) cannot, its ``getitem``s are."""
-    return is_sym_node(node) or isinstance(node.meta.get("val"), (torch.Tensor, BackwardState))
+    """The min cut's rule (network.py): a tensor, a symbolic scalar, a BackwardState or an
+    opaque object can be saved; a tuple-valued node (``native_layer_norm``) cannot, its
+    ``getitem``s are."""
+    return (is_sym_node(node) or isinstance(node.meta.get("val"), (torch.Tensor, BackwardState))
+            or is_opaque(node))
 
 
 def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
@@ -386,8 +388,13 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
     index.update((node, n + k) for k, node in enumerate(graph_inputs))
     still_banned = set(search.aggressive_banned) - set(search.candidates)
 
+    bw_outputs = set(info.bw_outputs)
+
     def read_by_backward(node: fx.Node) -> bool:
-        return any(user not in forward_set and user.op != "output" for user in node.users)
+        # A gradient output that is a forward value (a DTensor gradient's mesh: an opaque
+        # input) is read by the backward too.
+        return node in bw_outputs or any(user not in forward_set and user.op != "output"
+                                         for user in node.users)
 
     capacity = search.min_bytes + max(memory_budget, 0.0) * (search.max_bytes - search.min_bytes)
     if max_bytes is not None:

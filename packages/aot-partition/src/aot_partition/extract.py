@@ -4,8 +4,9 @@ Also the default split's choice of saved values (``default_saved_values``: every
 the backward reads), which both partitioners use.
 
 Output convention of AOTAutograd's runtime wrappers (2.11 to 2.15): the forward returns
-``user outputs + saved tensors + saved symbolic scalars``; the backward takes
-``saved symbolic scalars + saved tensors + tangents + backward seeds + backward state``.
+``user outputs + saved tensors + saved opaque objects + saved symbolic scalars``; the backward
+takes ``saved symbolic scalars + saved tensors + saved opaque objects + tangents + backward
+seeds + backward state`` (``saved_in_runtime_order``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .joint import (
     is_tangent,
 )
 from .passes.dce import treats_random_as_impure
+from .sizes import is_opaque, is_opaque_value
 
 
 def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: Sequence[Any],
@@ -212,8 +214,8 @@ def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
     bindings: dict[Any, fx.Node] | None = None  # a whole-graph scan: only when needed
     for node in [*derived, *saved_values, *tangents]:
         val = node.meta.get("val")
-        if val is None or (isinstance(val, torch.Tensor)
-                           and not val._has_symbolic_sizes_strides):
+        if val is None or is_opaque_value(val) or (isinstance(val, torch.Tensor)
+                                                   and not val._has_symbolic_sizes_strides):
             continue  # static shapes (the usual case): no symbol, and free_symbols is slow
         new_symbols = free_symbols(val) - saved_symbols
         if not new_symbols:
@@ -238,7 +240,8 @@ def extract_forward_backward(
     """(forward, backward, final saved tensors, final saved symbolic scalars).
 
     Saved values the backward never reads are dropped; backward state goes straight to the
-    backward; tensors flagged ``saved_tensor_with_no_vc_check`` are placed last.
+    backward; tensors flagged ``saved_tensor_with_no_vc_check`` follow the others, opaque
+    objects come last (``saved_in_runtime_order``).
     ``lazy_modules``: the modules generate their code on first use (graph_modules.py).
     """
     fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
@@ -267,14 +270,17 @@ def extract_forward_backward_graphs(
     bwd_seeds = [n for n in placeholders if is_bwd_seed_offset(n)]
     backward_state = [n for n in placeholders if is_backward_state(n)]
 
+    # Opaque inputs (a DTensor's DeviceMesh) cost nothing and cannot be recomputed: whatever
+    # the cut chose, the backward gets each one it reads (the unread ones are dropped below).
+    chosen = set(saved_values)
+    saved_values = saved_values + [n for n in primals if n not in chosen and is_opaque(n)]
     candidate_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds
     candidate_live = _needed_nodes(graph, candidate_inputs, bw_outputs, backward=True)
     used = {n for n in candidate_inputs if n in candidate_live}
     saved_values = [n for n in saved_values if n in used and not is_backward_state(n)]
     saved_sym_nodes = [n for n in saved_sym_nodes if n in used]
     saved_sym_nodes = _bind_symbols(graph, saved_sym_nodes, saved_values, tangents)
-    saved_values = ([n for n in saved_values if not n.meta.get("saved_tensor_with_no_vc_check")]
-                    + [n for n in saved_values if n.meta.get("saved_tensor_with_no_vc_check")])
+    saved_values = saved_in_runtime_order(saved_values)
 
     num_saved = len(saved_values) + len(saved_sym_nodes)
     saved_descs = saved_output_descs(num_saved)
@@ -291,6 +297,17 @@ def extract_forward_backward_graphs(
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
     return fw_graph, bw_graph, saved_values, saved_sym_nodes
+
+
+def saved_in_runtime_order(saved_values: list[fx.Node]) -> list[fx.Node]:
+    """Saved values in the groups AOTAutograd's runtime slices the forward's outputs into:
+    tensors it checks the version counter of, tensors flagged ``saved_tensor_with_no_vc_check``,
+    then opaque objects (``DeviceMesh``, script objects: stashed on ctx, never saved as
+    tensors). Each group keeps its order; the symbolic scalars follow all three."""
+    opaque = [n for n in saved_values if is_opaque(n)]
+    tensors = [n for n in saved_values if not is_opaque(n)]
+    return ([n for n in tensors if not n.meta.get("saved_tensor_with_no_vc_check")]
+            + [n for n in tensors if n.meta.get("saved_tensor_with_no_vc_check")] + opaque)
 
 
 def is_assert_only_symbool(node: fx.Node) -> bool:

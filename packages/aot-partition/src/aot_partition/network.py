@@ -30,13 +30,15 @@ from .errors import PartitionError
 from .joint import is_bwd_seed_offset, is_fwd_seed_offset, is_primal, is_random, is_tangent
 from .passes.recompute_tags import RECOMPUTE_POLICIES
 from .policy import PolicyContext, RuleAnswers, graph_wide_bans, is_effectful
-from .sizes import node_nbytes, sym_node_size, tensor_nbytes
+from .sizes import is_opaque, is_opaque_value, node_nbytes, sym_node_size, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
 # Capacity for values that are very expensive but not impossible to save (SymFloats).
 INT_INF = int(1e6)
 _NOT_A_TENSOR = "cannot save: not a tensor"
+# Why an opaque object computed in the forward (a script object an op returns) is saved.
+OPAQUE_BAN = "opaque object: never recomputed"
 
 
 def save_cost(node: fx.Node, ctx: PolicyContext, nbytes: int | None = None
@@ -50,8 +52,8 @@ def save_cost(node: fx.Node, ctx: PolicyContext, nbytes: int | None = None
     if not isinstance(val, torch.Tensor):
         if "val" not in node.meta and node.op == "call_function":
             node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
-        if isinstance(val, BackwardState):
-            return 0.0, ""
+        if isinstance(val, BackwardState) or is_opaque_value(val):
+            return 0.0, ""  # an opaque object is never priced as memory (nor recomputed)
         return math.inf, _NOT_A_TENSOR
     if ctx.treat_params_as_free and node in ctx.node_info.static_lifetime_inputs:
         return 0.0, ""
@@ -193,6 +195,8 @@ def _per_node_bans(desc: FxDescription, ctx: PolicyContext,
             reason: str | None = "primal input"
         elif is_fwd_seed_offset(node):
             reason = "forward RNG seed"
+        elif is_opaque(node):
+            reason = OPAQUE_BAN
         else:
             reason = answers.reason(node, options) if node in info.required_fw else None
         if reason is not None and node not in desc.exempt:

@@ -19,7 +19,7 @@ from .classify import NodeInfo
 from .config import PartitionConfig
 from .joint import is_primal
 from .passes.rng import RNG_STATE_PREFIX
-from .sizes import node_nbytes
+from .sizes import is_opaque, node_nbytes
 
 if TYPE_CHECKING:
     from .reference import ReferenceCheck
@@ -103,6 +103,8 @@ def _saved_reason(node: fx.Node, banned: dict[fx.Node, str], solution: Any) -> s
     policy = node.meta.get("recompute")
     if policy == CheckpointPolicy.MUST_SAVE:
         return "MUST_SAVE annotation"
+    if is_opaque(node):
+        return "opaque object: never sized or recomputed, always available to the backward"
     if is_primal(node):
         return "input: already alive, saving costs no new memory"
     if node in banned:

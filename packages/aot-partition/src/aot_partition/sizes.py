@@ -6,8 +6,11 @@ runtime estimators both read sizes through it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.fx as fx
+from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import py_sym_types
 
 from ._compat import optimization_hint, saved_output_desc_type
@@ -15,6 +18,29 @@ from .errors import MissingMetadataError
 
 # Stand-in size for unbacked symbols that have no hint (as torch's partitioner uses).
 UNBACKED_FALLBACK = 4096
+
+
+# Values a node may hold that are not opaque: tensors, symbolic and plain scalars, the
+# containers of a multi-output op, and the backward state (it has its own slot).
+_NOT_OPAQUE = (torch.Tensor, *py_sym_types, int, float, bool, str, list, tuple, dict,
+               BackwardState)
+
+
+def is_opaque_value(val: Any) -> bool:
+    """An opaque object: a ``DeviceMesh`` or process group, any (fake) ``ScriptObject`` or
+    registered opaque type; anything held in ``meta['val']`` that is not a tensor, a scalar,
+    None, a tuple of outputs or backward state.
+
+    The partitioner never sizes (0 bytes), prices or recomputes one: it is always available to
+    the backward that needs it and is saved in the group of its own that AOTAutograd expects
+    (after the tensors, before the symbolic scalars; extract.py).
+    """
+    return val is not None and not isinstance(val, _NOT_OPAQUE)
+
+
+def is_opaque(node: fx.Node) -> bool:
+    """``node`` holds an opaque object (see ``is_opaque_value``)."""
+    return is_opaque_value(node.meta.get("val"))
 
 
 def size_hint(value: int | torch.SymInt) -> int:
@@ -62,11 +88,11 @@ def node_nbytes(node: fx.Node) -> int:
         return sum(_value_nbytes(v) for v in val)
     if isinstance(val, dict):
         return sum(_value_nbytes(v) for v in val.values())
-    if val is None or isinstance(val, (int, float, bool)):
-        return 0
+    if val is None or isinstance(val, (int, float, bool)) or is_opaque_value(val):
+        return 0  # an opaque object is never priced as memory
     raise TypeError(
         f"cannot size node '{node.name}': meta['val'] is a {type(val).__name__}; expected a "
-        "tensor, a symbolic scalar or a tuple/list of tensors"
+        "tensor, a symbolic scalar, a tuple/list of tensors or an opaque object"
     )
 
 

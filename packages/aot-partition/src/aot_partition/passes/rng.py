@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from .._compat import saved_output_desc_type, saved_output_descs
 from ..joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from ..sizes import is_opaque
 from .rng_ops import register_inductor_fallbacks, run_and_save_rng_state, run_with_rng_state
 
 REPLAYABLE_DEVICES = ("cpu", "cuda")
@@ -83,17 +84,21 @@ def replay_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph, num_sym_nodes: int
                       ) -> list[str]:
     """Thread RNG states from forward to backward for every recomputed random op.
 
-    The states become extra saved tensors: forward outputs just before the saved symbolic
-    scalars, backward inputs just before the tangents. Returns the names of the replayed ops.
+    The states become extra saved tensors, last of them: forward outputs just before the saved
+    opaque objects and symbolic scalars, backward inputs just before the saved opaque objects
+    and the tangents (the groups AOTAutograd's runtime expects, see extract.py). Returns the
+    names of the replayed ops.
     """
     pairs = recomputed_random_ops(fw_graph, bw_graph)
     if not pairs:
         return []
     register_inductor_fallbacks()
     placeholders = list(bw_graph.find_nodes(op="placeholder"))
-    # Saved tensors end where the tangents (or backward seeds, or backward state) begin.
-    after_saved = next((p for p in placeholders if is_tangent(p) or is_bwd_seed_offset(p)
-                        or is_backward_state(p)), None)
+    # Saved tensors end where the opaque objects (or tangents, backward seeds, backward
+    # state) begin.
+    after_saved = next((p for p in placeholders if is_opaque(p) or is_tangent(p)
+                        or is_bwd_seed_offset(p) or is_backward_state(p)), None)
+    num_opaque = sum(is_opaque(p) for p in placeholders)
     states: list[fx.Node] = []
     for index, (fw_node, bw_node) in enumerate(pairs):
         device = device_of(fw_node)
@@ -124,7 +129,7 @@ def replay_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph, num_sym_nodes: int
 
     output = next(iter(fw_graph.find_nodes(op="output")))
     outs = tuple(output.args[0])
-    split = len(outs) - num_sym_nodes
+    split = len(outs) - num_sym_nodes - num_opaque
     output.args = (outs[:split] + tuple(states) + outs[split:],)
     descs = output.meta.get("desc")
     saved_type = saved_output_desc_type()
