@@ -61,6 +61,20 @@ def test_cse_keeps_random_ops_and_different_annotations(capture):
     assert _count(module, aten.sin) >= 2
 
 
+@pytest.mark.parametrize("second,merged", [
+    ({"_region_activation_memory_budget": 0.5}, False),  # another region budget: kept apart
+    ({"aot_partition_region_memory_budget_bytes": 4096}, False),
+    ({"_region_activation_memory_budget": 0.0}, True),   # the same region: merged
+])
+def test_cse_keeps_ops_of_different_region_budgets_apart(capture, second, merged):
+    module = capture(lambda x: x.sin() * x.sin(), _x(4)).fresh()
+    first_sin, second_sin = [n for n in module.graph.nodes if n.target is aten.sin.default][:2]
+    first_sin.meta["custom"] = {"_region_activation_memory_budget": 0.0}
+    second_sin.meta["custom"] = dict(second)
+    eliminate_common_subexpressions(module.graph)  # the backward's twin cos ops merge
+    assert _count(module, aten.sin) == (1 if merged else 2)
+
+
 def _structure(graph: fx.Graph) -> list[tuple]:
     """Everything about a graph its generated code depends on, plus who uses whom, in order."""
     def names(value):

@@ -409,3 +409,44 @@ def test_gpt_blocks_under_two_regions_match_eager_and_meet_their_budgets():
     assert by_label["region 0"].saved_bytes == 0
     assert 0 < by_label["region 2048 bytes"].saved_bytes <= 2048
     assert by_label["region 0"].runtime_optimal_bytes > 0
+
+
+# ---- common-subexpression merging keeps regions apart ---------------------------------------
+
+def _twin_blocks(budget_a, budget_b):
+    """The same block (x @ w -> relu -> sin -> cos) twice on the same inputs, the first copy
+    under region ``budget_a``, the second under ``budget_b``."""
+    def fn(x, w):
+        with _region(budget_a):
+            a = torch.relu(x @ w).sin().cos()
+        with _region(budget_b):
+            b = torch.relu(x @ w).sin().cos()
+        return (a * b).sum()
+    return fn
+
+
+def _forward_mms(fw):
+    return len(fw.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default))
+
+
+def test_cse_keeps_identical_ops_of_two_regions_apart():
+    """Merged, the 1.0 region's copy would vanish into the 0.0 region's (the first) and be
+    recomputed too; kept apart, each region meets its own budget: the 0.0 copy saves nothing,
+    the 1.0 copy saves what it saves alone (its runtime-optimal bytes)."""
+    joint, n = capture(_twin_blocks(0.0, 1.0), _inputs(1))
+    fw, _, report = ours(joint, n)
+    assert _forward_mms(fw) == 2
+    measured = region_bytes(joint, fw, n)
+    outcomes = {r.label: r for r in report.regions}
+    assert measured.get(0.0, 0) == 0 == outcomes["region 0"].saved_bytes
+    assert measured.get(1.0, 0) == outcomes["region 1"].saved_bytes
+    assert outcomes["region 1"].saved_bytes == outcomes["region 1"].runtime_optimal_bytes > 0
+
+
+def test_cse_still_merges_identical_ops_within_one_region():
+    joint, n = capture(_twin_blocks(0.5, 0.5), _inputs(1))
+    fw, _, _ = ours(joint, n)
+    assert _forward_mms(fw) == 1
+    plain, n_plain = capture(_twin_blocks(None, None), _inputs(1))
+    fw_plain, _, _ = ours(plain, n_plain)
+    assert _forward_mms(fw_plain) == 1

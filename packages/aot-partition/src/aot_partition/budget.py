@@ -175,6 +175,9 @@ class BudgetSearch:
     # HiGHS did not prove optimal is dropped for the "dp" one (deterministic answers).
     ilp_time_limit_s: float | None = None
     ilp_optimal_only: bool = False
+    # A region budget over the whole forward (torch's region_activation_memory_budget): 0.0
+    # means checkpointing the whole region, so the inputs, alive anyway, cost nothing.
+    inputs_alive: bool = False
 
     def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
               ) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -267,6 +270,9 @@ class BudgetSearch:
     def saved_values(self, memory_budget: float) -> tuple[list[fx.Node], float]:
         """(saved values, estimated recompute runtime of released banned nodes) at a budget."""
         memory_budget = validate_memory_budget(memory_budget)
+        if memory_budget == 0 and self.inputs_alive:
+            runtime = float(sum(self._all_runtimes()))  # escalates: the options it needs
+            return self._recompute_everything(), runtime
         if not self.has_range:  # the optimal cut is already no bigger than the inputs
             return list(self.runtime_optimal), 0.0
         if memory_budget == 0:
@@ -298,8 +304,17 @@ class BudgetSearch:
         if self.must_save:
             return cut
         inputs = list(self.node_info.inputs)
+        if self.inputs_alive:  # new memory first: an intermediate saved costs, an input not
+            return min(cut, inputs, key=self._new_then_all_bytes)
         cut_bytes = _activation_bytes(needed_by_backward(self, cut))
         return cut if cut_bytes < _activation_bytes(needed_by_backward(self, inputs)) else inputs
+
+    def _new_then_all_bytes(self, saved: list[fx.Node]) -> tuple[int, int]:
+        """(bytes the backward reads beyond the inputs' storages, all bytes it reads)."""
+        read = needed_by_backward(self, saved)
+        alive = {_storage_key(n) for n in self.node_info.inputs} - {None}
+        new = [n for n in read if _storage_key(n) not in alive]
+        return _activation_bytes(new), _activation_bytes(read)
 
     def _escalation_or_knapsack(self, memory_budget: float, solver: str
                                 ) -> tuple[list[fx.Node], float]:

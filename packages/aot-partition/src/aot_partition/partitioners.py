@@ -299,6 +299,8 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
         solution = solve_min_cut_detailed(joint_graph, node_info, config.options, config=config)
         return _Choice(solution.saved_values, solution, config.options)
     search = BudgetSearch.prepare(joint_graph, node_info, config=config)
+    # torch's case, one region over the whole forward: at 0.0 the region is checkpointed whole.
+    search.inputs_alive = regions is not None and regions.whole_forward_fraction() == budget
     if config.reference_estimator is None:
         saved, runtime = search.saved_values(budget)
         check = None

@@ -87,9 +87,24 @@ def region_memory_budget(budget: float | int | str) -> contextlib.AbstractContex
     different budgets may share a graph under aot_partition's partitioner."""
     parsed = parse_region_budget(budget)
     annotate = _annotate()
+    if not _tracing():
+        raise RuntimeError("region_memory_budget only takes effect while a graph is traced "
+                           "(torch.compile, aot_function / aot_module, make_fx); in eager "
+                           "mode it would be ignored, so it is refused there")
     if parsed.fraction is not None:
         return annotate({TORCH_REGION_KEY: parsed.fraction})
     return annotate({BYTES_REGION_KEY: parsed.nbytes})
+
+
+def _tracing() -> bool:
+    """Whether ops run now are being traced into a graph that keeps node annotations:
+    Dynamo, or AOTAutograd / make_fx (their fake-tensor passes, the node-meta-preserving one)."""
+    import torch
+    import torch.fx.traceback as fx_traceback
+    from torch._guards import detect_fake_mode
+
+    return (torch.compiler.is_compiling() or fx_traceback.has_preserved_node_meta()
+            or detect_fake_mode() is not None)
 
 
 def _annotate():

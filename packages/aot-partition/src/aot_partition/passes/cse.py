@@ -11,6 +11,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..joint import MERGED_DUPLICATE_OF, PLAIN_LEAVES, is_random, is_seeded_target
+from ..regions import BYTES_REGION_KEY, TORCH_REGION_KEY
 
 _NEVER_MERGED = (torch.ops.aten.empty,)
 
@@ -85,6 +86,15 @@ def _unmergeable(node: fx.Node) -> bool:
     return _cached(_SEEDED_TARGETS, is_seeded_target, target) and is_random(node)
 
 
+def _region(node: fx.Node) -> tuple[Any, Any] | None:
+    """The node's region budget annotation (regions.py), as written: two regions with
+    different budgets must keep their own copies of an identical computation."""
+    custom = node.meta.get("custom")
+    if not isinstance(custom, dict):
+        return None
+    return custom.get(TORCH_REGION_KEY), custom.get(BYTES_REGION_KEY)
+
+
 def _storages(node: fx.Node) -> list[Any]:
     """The storages of a node's value: one for a tensor, one per tensor of a tuple (a
     multi-output op such as attention: its getitems return these storages)."""
@@ -122,8 +132,9 @@ class _AliasesOutput:
 def eliminate_common_subexpressions(
     graph: fx.Graph, keep_apart: Callable[[fx.Node], Hashable] | None = None
 ) -> bool:
-    """Merge call_function nodes with equal target, arguments and checkpoint annotation, and
-    erase the duplicates; True if anything was merged (the caller recompiles its module).
+    """Merge call_function nodes with equal target, arguments, checkpoint annotation and
+    region budget annotation, and erase the duplicates; True if anything was merged (the
+    caller recompiles its module).
 
     Random, mutating and output-aliasing nodes are never merged; a mutation starts a new
     epoch so reads before and after it stay distinct. Nodes with different ``keep_apart``
@@ -201,7 +212,7 @@ def merge_common_subexpressions(
                 key = (node.target, _freeze_args(node.args, env),
                        _freeze(kwargs, env) if kwargs else _NO_KWARGS,
                        node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
-                       keep_apart(node) if keep_apart is not None else None)
+                       _region(node), keep_apart(node) if keep_apart is not None else None)
                 first = seen.get(key)
             except TypeError:  # unhashable constant argument: leave the node alone
                 key = first = None
