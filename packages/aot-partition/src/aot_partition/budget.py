@@ -302,7 +302,11 @@ class BudgetSearch:
         assert self.aggressive_options is not None
         cut, _ = self.solve(self.aggressive_options, set(self.candidates))
         if self.must_save:
-            return cut
+            # Only cuts qualify; the aggressive network weighs recompute differently, so the
+            # runtime-optimal cut can read fewer bytes (a collective saved before a cheap op):
+            # budget 0 never saves more than budget 1.
+            return min(cut, list(self.runtime_optimal),
+                       key=lambda saved: _activation_bytes(needed_by_backward(self, saved)))
         inputs = list(self.node_info.inputs)
         if self.inputs_alive:  # new memory first: an intermediate saved costs, an input not
             return min(cut, inputs, key=self._new_then_all_bytes)

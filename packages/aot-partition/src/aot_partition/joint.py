@@ -26,6 +26,14 @@ from .errors import GraphCycleError
 
 # ---- placeholders ----------------------------------------------------------------------------
 
+# Region memory budgets (regions.py) in node.meta["custom"]:
+# torch's key (torch.fx.traceback.MEMORY_BUDGET_ANNOTATION_KEY in 2.13+), spelled out so the
+# regions are read the same way on every supported torch.
+TORCH_REGION_KEY = "_region_activation_memory_budget"
+# Ours, for budgets in bytes (torch's key only takes a fraction).
+BYTES_REGION_KEY = "aot_partition_region_memory_budget_bytes"
+
+
 def is_tangent(node: fx.Node) -> bool:
     return node.op == "placeholder" and "tangents" in str(node.target)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from .classify import NodeInfo
+from .joint import BYTES_REGION_KEY, TORCH_REGION_KEY
 
 __all__ = [
     "BYTES_REGION_KEY",
@@ -30,11 +31,6 @@ __all__ = [
     "region_memory_budget",
 ]
 
-# torch's key (torch.fx.traceback.MEMORY_BUDGET_ANNOTATION_KEY in 2.13+), spelled out so the
-# regions are read the same way on every supported torch.
-TORCH_REGION_KEY = "_region_activation_memory_budget"
-# Ours, for budgets in bytes (torch's key only takes a fraction).
-BYTES_REGION_KEY = "aot_partition_region_memory_budget_bytes"
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

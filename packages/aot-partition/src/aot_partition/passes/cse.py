@@ -10,8 +10,14 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..joint import MERGED_DUPLICATE_OF, PLAIN_LEAVES, is_random, is_seeded_target
-from ..regions import BYTES_REGION_KEY, TORCH_REGION_KEY
+from ..joint import (
+    BYTES_REGION_KEY,
+    MERGED_DUPLICATE_OF,
+    PLAIN_LEAVES,
+    TORCH_REGION_KEY,
+    is_random,
+    is_seeded_target,
+)
 
 _NEVER_MERGED = (torch.ops.aten.empty,)
 
