@@ -152,12 +152,14 @@ def _check(results: list[dict], variants: list[dict]) -> dict[str, dict]:
     return results[0]
 
 
-def _recomputes_at_zero(by_variant: dict[str, dict], **fixed) -> None:
-    """Budget 0.0 saved fewer activation bytes than 1.0: the budget was exercised."""
+def _recomputes_at_zero(by_variant: dict[str, dict], strictly: bool = True, **fixed) -> None:
+    """Budget 0.0 saved fewer activation bytes than 1.0: the budget was exercised (or, with
+    ``strictly`` off, no more: never more memory at a lower budget)."""
     suffix = "".join(f", {k}={v}" for k, v in fixed.items())
     full = by_variant[f"budget=1.0, compiler=nop{suffix}"]["saved"]
     none = by_variant[f"budget=0.0, compiler=nop{suffix}"]["saved"]
-    assert full and sum(none) < sum(full), (fixed, full, none)
+    assert full and (sum(none) < sum(full) if strictly else sum(none) <= sum(full)), (
+        fixed, full, none)
 
 
 @pytest.mark.slow
@@ -167,7 +169,10 @@ def test_tensor_parallel_mlps_match_eager_at_every_budget():
     variants = [{"budget": b, "compiler": "nop"} for b in (1.0, 0.5, 0.0)]
     results = run_ranks("dist_cases_tp:tensor_parallel_mlps", world_size=2,
                         kwargs={"variants": variants}, timeout=240)
-    _recomputes_at_zero(_check(results, variants))
+    # Each MLP ends in the row-wise all-reduce: what 0.0 could recompute beyond 1.0's cut sits
+    # behind a collective, which is never recomputed, so 0.0 saves the same (and never more:
+    # it once saved 1,472 bytes against 1.0's 1,408).
+    _recomputes_at_zero(_check(results, variants), strictly=False)
 
 
 # With and without sequence parallel, selective activation checkpointing on top of it. Under
