@@ -32,9 +32,10 @@ def cli_without_work(monkeypatch):
     """``main`` with the commands replaced by no-ops: only the parsing and checks run."""
     for name in ("_train", "_pareto", "_partition"):
         monkeypatch.setattr(aot_cli, name, lambda args: 0)
-    directory = tempfile.mkdtemp(prefix="aot-pipeline-fuzz-")
-    monkeypatch.chdir(directory)  # relative output paths land (unwritten) in a scratch folder
-    return directory
+    with tempfile.TemporaryDirectory(prefix="aot-pipeline-fuzz-") as directory:
+        monkeypatch.chdir(directory)  # relative output paths land (unwritten) in a scratch folder
+        yield directory
+        monkeypatch.undo()  # leave the folder before it is removed
 
 
 @pytest.mark.timeout(120)
