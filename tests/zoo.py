@@ -135,3 +135,20 @@ def assert_matches_eager(case: ZooCase, compile_fn: Callable[[nn.Module], Callab
     for name, buffer in compiled.module.named_buffers():
         torch.testing.assert_close(buffer, ref_buffers[name], atol=atol, rtol=rtol,
                                    msg=lambda m, name=name: f"buffer {name}: {m}")
+
+
+def checkpoint_policy(must_save=(), must_recompute=(), default=None):
+    """A selective-checkpoint policy: ops whose packet is in ``must_save`` are MUST_SAVE, in
+    ``must_recompute`` MUST_RECOMPUTE, the rest ``default`` (PREFER_RECOMPUTE)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    default = CheckpointPolicy.PREFER_RECOMPUTE if default is None else default
+
+    def policy_fn(ctx, op, *args, **kwargs):
+        packet = getattr(op, "overloadpacket", op)
+        if packet in must_save:
+            return CheckpointPolicy.MUST_SAVE
+        if packet in must_recompute:
+            return CheckpointPolicy.MUST_RECOMPUTE
+        return default
+    return policy_fn

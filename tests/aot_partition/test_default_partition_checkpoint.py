@@ -20,6 +20,7 @@ from torch.utils.checkpoint import (
     checkpoint,
     create_selective_checkpoint_contexts,
 )
+from zoo import checkpoint_policy
 
 aten = torch.ops.aten
 
@@ -28,15 +29,7 @@ def _nop(gm, _inputs):
     return make_boxed_func(gm)
 
 
-def _policy(must_save=(), must_recompute=(), default=CheckpointPolicy.PREFER_RECOMPUTE):
-    def policy_fn(ctx, op, *args, **kwargs):
-        packet = getattr(op, "overloadpacket", op)
-        if packet in must_save:
-            return CheckpointPolicy.MUST_SAVE
-        if packet in must_recompute:
-            return CheckpointPolicy.MUST_RECOMPUTE
-        return default
-    return policy_fn
+_policy = checkpoint_policy
 
 
 def _muls(x, w1, w2):

@@ -13,6 +13,7 @@ from torch.utils.checkpoint import (
     checkpoint,
     create_selective_checkpoint_contexts,
 )
+from zoo import checkpoint_policy
 
 aten = torch.ops.aten
 
@@ -26,15 +27,7 @@ def _packets(nodes):
     return {getattr(n.target, "overloadpacket", n.target) for n in nodes}
 
 
-def _policy(must_save=(), must_recompute=(), default=CheckpointPolicy.PREFER_RECOMPUTE):
-    def policy_fn(ctx, op, *args, **kwargs):
-        packet = getattr(op, "overloadpacket", op)
-        if packet in must_save:
-            return CheckpointPolicy.MUST_SAVE
-        if packet in must_recompute:
-            return CheckpointPolicy.MUST_RECOMPUTE
-        return default
-    return policy_fn
+_policy = checkpoint_policy
 
 
 def _block(x, w1, w2):
