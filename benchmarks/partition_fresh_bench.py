@@ -80,6 +80,7 @@ class Row:
     ratio: float  # torch / ours: above 1, ours is faster
     ours_all: list[float]
     torch_all: list[float]
+    saved: list[str]  # the values ours saves (compare runs: speed work must not change them)
 
 
 def _caches_in(module: Any) -> Iterator[Callable[[], None]]:
@@ -89,9 +90,23 @@ def _caches_in(module: Any) -> Iterator[Callable[[], None]]:
             yield clear
 
 
+# Module-level dicts that memoize per op or per signature across calls (a cold process starts
+# with them empty): runtime estimates, kernel workspaces, op packets, CSE's per-target answers.
+PROCESS_DICTS = (("aot_partition.estimators", "_cache"), ("aot_partition.memory", "_workspace_cache"),
+                 ("aot_partition.joint", "_PACKETS"),
+                 ("aot_partition.passes.cse", "_NEVER_MERGED_TARGETS"),
+                 ("aot_partition.passes.cse", "_SEEDED_TARGETS"))
+
+
 def clear_process_caches() -> int:
-    """Clears every functools cache of aot_partition and torch's partitioner modules."""
+    """Clears every functools cache of aot_partition and torch's partitioner modules, and the
+    memo dicts of ``PROCESS_DICTS``."""
     cleared = 0
+    for module_name, attribute in PROCESS_DICTS:
+        memo = getattr(sys.modules.get(module_name), attribute, None)
+        if isinstance(memo, dict):
+            memo.clear()
+            cleared += 1
     prefixes = ("aot_partition", "torch._functorch.partitioners",
                 "torch._functorch._activation_checkpointing")
     for name, module in list(sys.modules.items()):
@@ -172,7 +187,7 @@ def real_joints(names: list[str]) -> list[Joint]:
 
 
 def _one_call(joint: Joint, budget: float, who: str, estimator: str | None,
-              warm: bool) -> float:
+              warm: bool, saved: list[str] | None = None) -> float:
     module = joint.fresh()
     if not warm:
         clear_process_caches()
@@ -188,7 +203,13 @@ def _one_call(joint: Joint, budget: float, who: str, estimator: str | None,
             flags["activation_memory_budget_runtime_estimator"] = estimator
         with functorch_config.patch(**flags):
             start = time.perf_counter()
-            aot_partition.min_cut_rematerialization_partition(module, joint.inputs, **joint.kwargs)
+            fw, _ = aot_partition.min_cut_rematerialization_partition(
+                module, joint.inputs, **joint.kwargs)
+        seconds = time.perf_counter() - start
+        if saved is not None:
+            output = next(iter(fw.graph.find_nodes(op="output")))
+            saved[:] = [str(v) for v in list(output.args[0])[joint.kwargs["num_fwd_outputs"]:]]
+        return seconds
     return time.perf_counter() - start
 
 
@@ -196,12 +217,13 @@ def time_joint(joint: Joint, budget: float, repeats: int, estimator: str | None,
                warm: bool) -> Row:
     ours: list[float] = []
     theirs: list[float] = []
+    saved: list[str] = []
     for _ in range(repeats):
-        ours.append(_one_call(joint, budget, "ours", estimator, warm))
+        ours.append(_one_call(joint, budget, "ours", estimator, warm, saved))
         theirs.append(_one_call(joint, budget, "torch", estimator, warm))
     ours_s, torch_s = statistics.median(ours), statistics.median(theirs)
     return Row(joint.label, len(joint.module.graph.nodes), budget, ours_s, torch_s,
-               torch_s / ours_s, ours, theirs)
+               torch_s / ours_s, ours, theirs, saved)
 
 
 def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
@@ -233,23 +255,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also write benchmarks/RESULTS-partition-fresh.md")
     args = parser.parse_args(argv)
 
-    from zoo import ZOO
-
     import test_real_models as real
+    from zoo import ZOO
 
     zoo_names = [m for m in args.models if m in ZOO] + (list(ZOO) if "zoo" in args.models else [])
     real_names = [m for m in args.models if m in real.MODELS] + (
         list(real.MODELS) if "real" in args.models else [])
     big_names = [m for m in args.models if m in BIG_MODELS]
     joints = zoo_joints(zoo_names) + big_joints(big_names) + real_joints(real_names)
-
-    rows = []
-    for joint in joints:
-        for budget in args.budgets:
-            row = time_joint(joint, budget, args.repeats, args.estimator, args.warm)
-            print(f"{row.model:28s} {row.nodes:6d} {budget:4.2f} ours {row.ours_s * 1e3:8.1f} ms "
-                  f"torch {row.torch_s * 1e3:8.1f} ms  {row.ratio:5.2f}x", flush=True)
-            rows.append(row)
 
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -259,19 +272,31 @@ def main(argv: list[str] | None = None) -> int:
         "warm": args.warm,
         "repeats": args.repeats,
     }
+    rows: list[Row] = []
+    for joint in joints:
+        for budget in args.budgets:
+            row = time_joint(joint, budget, args.repeats, args.estimator, args.warm)
+            print(f"{row.model:28s} {row.nodes:6d} {budget:4.2f} ours {row.ours_s * 1e3:8.1f} ms "
+                  f"torch {row.torch_s * 1e3:8.1f} ms  {row.ratio:5.2f}x", flush=True)
+            rows.append(row)
+        text = write_outputs(rows, meta, args.tag, args.results)  # after each joint: partial
+    print(text)
+    return 0
+
+
+def write_outputs(rows: list[Row], meta: dict[str, Any], tag: str, results: bool) -> str:
     out_dir = os.path.join(HERE, "out")
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"partition_fresh_bench{args.tag}")
+    stem = os.path.join(out_dir, f"partition_fresh_bench{tag}")
     with open(stem + ".json", "w") as f:
         json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=1)
     text = markdown(rows, meta)
     with open(stem + ".md", "w") as f:
         f.write(text)
-    if args.results:
+    if results:
         with open(os.path.join(HERE, "RESULTS-partition-fresh.md"), "w") as f:
             f.write("# Partition time, one cold call (torch / ours)\n\n" + text)
-    print(text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":
