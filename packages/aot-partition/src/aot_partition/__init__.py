@@ -4,47 +4,101 @@
 signature. Flags come from ``aot_config.functorch``, read once per call into a
 ``PartitionConfig`` (or pass ``config=``). The optional extras (pydot for
 ``draw_graph``, matplotlib for Pareto plots) are imported only when a picture is drawn.
+
+Attributes are loaded on first use (PEP 562): ``import aot_partition.core`` (the graph-agnostic
+min-cut, numpy/scipy only) loads no torch; the torch.fx front end is imported only when one of
+its names is first read.
 """
 
 from __future__ import annotations
 
-from . import knapsack
-from .classify import NodeInfo, OpTypes, classify, default_op_types
-from .config import PartitionConfig
-from .draw import draw_graph
-from .errors import (
-    FlagConflictError,
-    GraphCycleError,
-    InfeasibleMinCutError,
-    MissingMetadataError,
-    PartitionDisagreementError,
-    PartitionError,
-    UnreachableMemoryBudgetError,
-)
-from .memory import (
-    LiveBuffer,
-    MeasuredMemory,
-    MemoryStep,
-    MemoryTimeline,
-    measure_partition,
-    simulate_joint,
-    simulate_partition,
-)
-from .memory_plot import write_memory_timeline_png
-from .mincut import FlowNetwork, MinCut, get_solver
-from .pareto import memory_budget_pareto
-from .partitioners import (
-    MemoryBudgetBestEffortWarning,
-    default_partition,
-    explain_partition,
-    min_cut_rematerialization_partition,
-)
-from .policy import MinCutOptions
-from .region_budget import RegionOutcome
-from .regions import region_memory_budget
-from .report import NodeDecision, PartitionReport
-from .sizes import node_nbytes, saved_activation_bytes
-from .solve import solve_min_cut
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import knapsack
+    from .classify import NodeInfo, OpTypes, classify, default_op_types
+    from .config import PartitionConfig
+    from .draw import draw_graph
+    from .errors import (
+        FlagConflictError,
+        GraphCycleError,
+        InfeasibleMinCutError,
+        MissingMetadataError,
+        PartitionDisagreementError,
+        PartitionError,
+        UnreachableMemoryBudgetError,
+    )
+    from .memory import (
+        LiveBuffer,
+        MeasuredMemory,
+        MemoryStep,
+        MemoryTimeline,
+        measure_partition,
+        simulate_joint,
+        simulate_partition,
+    )
+    from .memory_plot import write_memory_timeline_png
+    from .mincut import FlowNetwork, MinCut, get_solver
+    from .pareto import memory_budget_pareto
+    from .partitioners import (
+        MemoryBudgetBestEffortWarning,
+        default_partition,
+        explain_partition,
+        min_cut_rematerialization_partition,
+    )
+    from .policy import MinCutOptions
+    from .region_budget import RegionOutcome
+    from .regions import region_memory_budget
+    from .report import NodeDecision, PartitionReport
+    from .sizes import node_nbytes, saved_activation_bytes
+    from .solve import solve_min_cut
+
+# public submodules
+_PUBLIC_SUBMODULES = frozenset({"knapsack"})
+
+# public name -> the module (relative to this package) that defines it
+_LAZY_ATTRIBUTES: dict[str, str] = {
+    "NodeInfo": ".classify",
+    "OpTypes": ".classify",
+    "classify": ".classify",
+    "default_op_types": ".classify",
+    "PartitionConfig": ".config",
+    "draw_graph": ".draw",
+    "FlagConflictError": ".errors",
+    "GraphCycleError": ".errors",
+    "InfeasibleMinCutError": ".errors",
+    "MissingMetadataError": ".errors",
+    "PartitionDisagreementError": ".errors",
+    "PartitionError": ".errors",
+    "UnreachableMemoryBudgetError": ".errors",
+    "LiveBuffer": ".memory",
+    "MeasuredMemory": ".memory",
+    "MemoryStep": ".memory",
+    "MemoryTimeline": ".memory",
+    "measure_partition": ".memory",
+    "simulate_joint": ".memory",
+    "simulate_partition": ".memory",
+    "write_memory_timeline_png": ".memory_plot",
+    "FlowNetwork": ".mincut",
+    "MinCut": ".mincut",
+    "get_solver": ".mincut",
+    "memory_budget_pareto": ".pareto",
+    "MemoryBudgetBestEffortWarning": ".partitioners",
+    "default_partition": ".partitioners",
+    "explain_partition": ".partitioners",
+    "min_cut_rematerialization_partition": ".partitioners",
+    "MinCutOptions": ".policy",
+    "RegionOutcome": ".region_budget",
+    "region_memory_budget": ".regions",
+    "NodeDecision": ".report",
+    "PartitionReport": ".report",
+    "node_nbytes": ".sizes",
+    "saved_activation_bytes": ".sizes",
+    "solve_min_cut": ".solve",
+}
 
 __all__ = [
     "FlagConflictError",
@@ -86,3 +140,35 @@ __all__ = [
     "solve_min_cut",
     "write_memory_timeline_png",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC_SUBMODULES:
+        value: Any = importlib.import_module(f".{name}", __name__)
+    elif name in _LAZY_ATTRIBUTES:
+        value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later reads skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _PublicNamesWin(types.ModuleType):
+    """Keeps ``aot_partition.classify`` the function, as the eager imports did.
+
+    Importing a submodule binds it on its package; the submodule ``classify`` would then hide
+    the public function of the same name whenever another module imported it first.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (isinstance(value, types.ModuleType) and name in _LAZY_ATTRIBUTES
+                and value.__name__ == f"{__name__}.{name}"):
+            return  # a submodule named like a public name it defines: the name stays lazy
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _PublicNamesWin

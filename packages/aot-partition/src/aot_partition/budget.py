@@ -267,8 +267,13 @@ class BudgetSearch:
         self._escalate()
         return self.runtimes
 
-    def saved_values(self, memory_budget: float) -> tuple[list[fx.Node], float]:
-        """(saved values, estimated recompute runtime of released banned nodes) at a budget."""
+    def saved_values(self, memory_budget: float,
+                     dp_answer: tuple[list[fx.Node], float] | None = None
+                     ) -> tuple[list[fx.Node], float]:
+        """(saved values, estimated recompute runtime of released banned nodes) at a budget.
+
+        ``dp_answer``: for the "ilp_graph" solver, the "dp" solver's answer at this budget
+        under the same estimator, when the caller already has it (it is not solved again)."""
         memory_budget = validate_memory_budget(memory_budget)
         if memory_budget == 0 and self.inputs_alive:
             runtime = float(sum(self._all_runtimes()))  # escalates: the options it needs
@@ -284,7 +289,9 @@ class BudgetSearch:
         if self.solver == "ilp_graph":
             # The MILP may save no more than the "dp" answer does, so it never loses to it on
             # memory and only spends what it saves in recompute.
-            reference, reference_runtime = self._escalation_or_knapsack(memory_budget, "dp")
+            reference, reference_runtime = (
+                dp_answer if dp_answer is not None
+                else self._escalation_or_knapsack(memory_budget, "dp"))
             found = ilp_graph_saved_values(self, memory_budget,
                                            max_bytes=_activation_bytes(reference),
                                            reference=reference,

@@ -80,12 +80,20 @@ def clear_runtime_cache() -> None:
     _cache.clear()
 
 
+def _hints(sizes: Any) -> tuple[int, ...]:
+    # The key is built for every node a simulated cut estimates: skip size_hint for plain ints
+    # (their hint is themselves).
+    values = tuple(sizes)
+    if all(type(v) is int for v in values):
+        return values
+    return tuple(size_hint(v) for v in values)
+
+
 def _signature(x: Any) -> Any:
     if isinstance(x, fx.Node):
         val = x.meta.get("val")
         if isinstance(val, torch.Tensor):
-            return ("T", tuple(size_hint(s) for s in val.shape),
-                    tuple(size_hint(s) for s in val.stride()), val.dtype, val.device.type)
+            return ("T", _hints(val.shape), _hints(val.stride()), val.dtype, val.device.type)
         return ("N", type(val).__name__, size_hint(val) if isinstance(val, torch.SymInt) else None)
     if isinstance(x, (list, tuple)):
         return (type(x).__name__, tuple(_signature(v) for v in x))

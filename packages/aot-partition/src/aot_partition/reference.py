@@ -17,7 +17,9 @@ the least estimated step (then the least peak, then the search's own cut first) 
 no worse than the reference cut on both; the reference cut itself always qualifies.
 
 Cost: one more knapsack (the cuts and bans are shared), a MILP on small graphs, and when the
-answers differ one more cut and a simulation per distinct cut. At 0 and 1 the answer does not
+answers differ one more cut and a simulation per distinct cut. Skipped where the answer is
+known: when the search's cut came from a branch no runtime estimate decides (an escalation cut
+that fits, no candidates), the reference search would return the same cut, so it is not run. At 0 and 1 the answer does not
 depend on the estimator: no check.
 """
 
@@ -89,13 +91,30 @@ def _no_worse(mine: CutMeasure, reference: CutMeasure) -> bool:
             and mine.step_runtime <= reference.step_runtime + slack)
 
 
-def _ilp_candidate(search: BudgetSearch, memory_budget: float) -> list[fx.Node] | None:
-    """The "ilp_graph" solver's cut, when the search uses "dp" and the MILP is small."""
+def _ilp_candidate(search: BudgetSearch, memory_budget: float,
+                   dp_answer: tuple[list[fx.Node], float]) -> list[fx.Node] | None:
+    """The "ilp_graph" solver's cut, when the search uses "dp" and the MILP is small.
+    ``dp_answer``: the search's own answer at this budget (the MILP's reference: not solved
+    again)."""
     if search.solver != "dp" or search.ilp_size() > ILP_CANDIDATE_MAX_NODES:
         return None
     exact = replace(search, solver="ilp_graph", ilp_time_limit_s=ILP_CANDIDATE_TIME_LIMIT_S,
                     ilp_optimal_only=True)
-    return exact.saved_values(memory_budget)[0]
+    return exact.saved_values(memory_budget, dp_answer=dp_answer)[0]
+
+
+def _chosen_without_runtimes(search: BudgetSearch, memory_budget: float) -> bool:
+    """True when ``search.saved_values(memory_budget)`` took a branch no runtime estimate
+    decides (no range, an escalation cut that fits, no knapsack candidates), so a search under
+    any other estimator returns the same cut. Only for the knapsack solvers: "ilp_graph"
+    weighs runtimes even where "dp" escalates."""
+    if search.solver == "ilp_graph":
+        return False
+    if not search.has_range:
+        return True
+    return (search.memory_ratio(search.more_aggressive) < memory_budget
+            or search.memory_ratio(search.aggressive) < memory_budget
+            or not search.candidates)
 
 
 def check_against_reference(search: BudgetSearch, memory_budget: float, reference: str,
@@ -110,11 +129,14 @@ def check_against_reference(search: BudgetSearch, memory_budget: float, referenc
     saved, runtime = search.saved_values(memory_budget)
     if not 0 < memory_budget < 1 or reference == search.estimator:
         return saved, runtime, None
-    theirs, _ = search.with_estimator(reference).saved_values(memory_budget)
+    if _chosen_without_runtimes(search, memory_budget):
+        theirs = saved  # the reference search would take the same estimator-free branch
+    else:
+        theirs, _ = search.with_estimator(reference).saved_values(memory_budget)
     cuts: dict[frozenset[fx.Node], tuple[str, list[fx.Node]]] = {}
     cuts[frozenset(saved)] = (search.estimator, list(saved))
     cuts.setdefault(frozenset(theirs), (reference, list(theirs)))
-    exact = _ilp_candidate(search, memory_budget)
+    exact = _ilp_candidate(search, memory_budget, (list(saved), runtime))
     if exact is not None:
         cuts.setdefault(frozenset(exact), (f"{search.estimator} ilp_graph", list(exact)))
     if len(cuts) == 1:

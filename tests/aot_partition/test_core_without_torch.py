@@ -1,0 +1,102 @@
+"""``aot_partition.core`` needs no torch: a min-cut where importing torch raises, and the import
+of the core leaves torch unloaded (the package ``__init__`` loads its fx front end lazily)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120)
+
+
+# A meta path finder that refuses torch (and anything under it): an import of torch raises.
+_TORCH_BLOCKED = """
+import sys
+
+class RefuseTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch is blocked in this test (importing {name})")
+        return None
+
+sys.meta_path.insert(0, RefuseTorch())
+"""
+
+
+def test_the_blocker_makes_importing_torch_raise():
+    # The check below cannot pass vacuously: with the blocker, torch does not import.
+    done = _run(_TORCH_BLOCKED + "import torch\n")
+    assert done.returncode != 0
+    assert "torch is blocked in this test" in done.stderr
+
+
+def test_core_min_cut_runs_where_importing_torch_raises():
+    done = _run(_TORCH_BLOCKED + """
+from aot_partition.core import CoreGraph, CoreNode, partition
+from aot_partition.errors import InfeasibleMinCutError
+
+graph = CoreGraph((
+    CoreNode("x", nbytes=64, category="input", forward=True),
+    CoreNode("w", nbytes=256, category="parameter", forward=True),
+    CoreNode("mm", ("x", "w"), nbytes=64, category="compute", forward=True, runtime=8.0),
+    CoreNode("relu", ("mm",), nbytes=64, category="pointwise", forward=True, runtime=1.0),
+    CoreNode("out", ("relu",), nbytes=4, category="reduction", forward=True),
+    CoreNode("g", nbytes=4, category="tangent", in_backward=True),
+    CoreNode("g_relu", ("g", "relu"), nbytes=64, category="pointwise", in_backward=True),
+    CoreNode("g_w", ("x", "g_relu"), nbytes=256, category="compute", in_backward=True,
+             backward=True),
+    CoreNode("g_x", ("g_relu", "w"), nbytes=64, category="compute", in_backward=True,
+             backward=True),
+))
+result = partition(graph)
+print(result.saved, result.cost, result.saved_bytes)
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+""")
+    assert done.returncode == 0, done.stderr
+    # Same answer as test_core.test_mlp_recomputes_the_matmul_from_the_saved_inputs.
+    assert done.stdout.splitlines() == ["('x', 'w') 70.0 320", "[]"]
+
+
+def test_importing_the_core_loads_no_torch():
+    done = _run("""
+import sys
+import aot_partition.core
+import aot_partition
+print("torch" in sys.modules, sorted(m for m in sys.modules if m.startswith("aot_partition")))
+""")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 1)[0] == "False", done.stdout
+
+
+def test_public_names_load_on_first_read():
+    # Must fire: reading a public name of the fx front end imports it (and torch).
+    done = _run("""
+import sys
+import aot_partition
+before = "torch" in sys.modules
+fn = aot_partition.min_cut_rematerialization_partition
+print(before, "torch" in sys.modules, fn.__module__)
+""")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "aot_partition.partitioners"]
+
+
+def test_public_names_match_all_and_the_function_classify_wins_over_its_module():
+    import aot_partition.classify  # noqa: F401  (binds the submodule on the package)
+
+    assert set(aot_partition.__all__) <= set(dir(aot_partition))
+    for name in aot_partition.__all__:
+        assert getattr(aot_partition, name) is not None
+    assert callable(aot_partition.classify)
+    assert aot_partition.classify.__module__ == "aot_partition.classify"
+    assert aot_partition.knapsack.__name__ == "aot_partition.knapsack"
+    try:
+        aot_partition.no_such_name  # noqa: B018
+    except AttributeError as error:
+        assert str(error) == "module 'aot_partition' has no attribute 'no_such_name'"
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
