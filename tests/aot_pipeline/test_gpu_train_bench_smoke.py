@@ -46,8 +46,8 @@ def test_unknown_variant_is_refused_before_any_run(tmp_path):
     ("ours@0.3+foo=1", "variant 'ours@0.3+foo=1': 'foo=1' is not key=value with a key from "
                        "est, solver, peak"),
     ("ours@1.3", "variant 'ours@1.3': memory_budget must be in [0, 1]"),
-    ("ours@0.5+peak=lots", "variant 'ours@0.5+peak=lots': cannot read 'lots' as a size"),
-    ("ours@0.5+peak=0.5", "variant 'ours@0.5+peak=0.5': cannot read '0.5' as a size"),
+    ("ours@0.5+peak=lots", "variant 'ours@0.5+peak=lots': cannot read size 'lots': write a number and a unit"),
+    ("ours@0.5+peak=0.5", "variant 'ours@0.5+peak=0.5': cannot read size '0.5': write a number and a unit"),
 ])
 def test_bad_partitioner_flags_are_refused_before_any_run(tmp_path, variant, message):
     script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
