@@ -92,6 +92,9 @@ def test_a_factory_by_module_name_with_kwargs_and_inputs(capsys, monkeypatch):
     (["--torchvision", "resnet_nine_thousand"],
      "--torchvision 'resnet_nine_thousand' is not a torchvision model; e.g. resnet18, "
      "mobilenet_v3_small, efficientnet_b0, vit_b_16"),
+    (["--torchvision", "resnet18", "--model-config", "nonsense=3"],
+     "--torchvision 'resnet18': TypeError: ResNet.__init__() got an unexpected keyword argument "
+     "'nonsense'"),
     (["--timm", "no_such_net"],
      "--timm 'no_such_net' is not a timm model; e.g. resnet18, vit_tiny_patch16_224"),
     (["--hf", "gpt2", "--torchvision", "resnet18"],

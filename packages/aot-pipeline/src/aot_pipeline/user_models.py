@@ -221,6 +221,15 @@ def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, 
     return _TensorOutput(model), inputs
 
 
+def _constructed(flag: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
+    """``build()``, whose failure (a bad constructor argument) is the user's, said as such."""
+    try:
+        return build()
+    except Exception as error:
+        raise UserModelError(f"{flag} {spec.name!r}: {type(error).__name__}: "
+                             f"{_short(error)}") from error
+
+
 def _from_torchvision(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     _optional("torchvision", "--torchvision")
     from torchvision import models
@@ -228,11 +237,8 @@ def _from_torchvision(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, .
     if spec.name not in models.list_models():
         raise UserModelError(f"--torchvision {spec.name!r} is not a torchvision model; e.g. "
                              "resnet18, mobilenet_v3_small, efficientnet_b0, vit_b_16")
-    try:
-        model = models.get_model(spec.name, weights=None, **dict(spec.config))
-    except Exception as error:
-        raise UserModelError(f"--torchvision {spec.name!r}: {type(error).__name__}: "
-                             f"{_short(error)}") from error
+    model = _constructed("--torchvision", spec, lambda: models.get_model(
+        spec.name, weights=None, **dict(spec.config)))
     size = getattr(model, "image_size", 64)
     return _TensorOutput(model), (torch.randn(VISION_BATCH, 3, size, size),)
 
@@ -242,11 +248,8 @@ def _from_timm(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     if not timm.list_models(spec.name):
         raise UserModelError(f"--timm {spec.name!r} is not a timm model; e.g. resnet18, "
                              "vit_tiny_patch16_224")
-    try:
-        model = timm.create_model(spec.name, pretrained=False, **dict(spec.config))
-    except Exception as error:
-        raise UserModelError(f"--timm {spec.name!r}: {type(error).__name__}: "
-                             f"{_short(error)}") from error
+    model = _constructed("--timm", spec, lambda: timm.create_model(
+        spec.name, pretrained=False, **dict(spec.config)))
     channels, height, width = model.pretrained_cfg.get("input_size", (3, 64, 64))
     if "img_size" in spec.config:
         height = width = int(spec.config["img_size"])
