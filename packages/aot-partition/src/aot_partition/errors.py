@@ -62,7 +62,7 @@ class UnreachableMemoryBudgetError(ValueError):
 
     def __init__(self, what: str, cap: int, least: int, least_label: str,
                  verb: str = "save") -> None:
-        self.cap, self.least, self.least_label = cap, least, least_label
+        self.what, self.cap, self.least, self.least_label = what, cap, least, least_label
         super().__init__(
             f"{what} {cap} bytes is unreachable: the least this graph can {verb} is "
             f"{least} bytes ({least_label})"

@@ -242,8 +242,7 @@ def _within_caps_best_effort(search: BudgetSearch, caps: list[Cap]) -> Any:
             return within_caps(search, caps)
         except UnreachableMemoryBudgetError as error:
             failing = next(i for i, cap in enumerate(caps)
-                           if str(error).startswith(cap.what) and cap.limit == error.cap
-                           and cap.limit < error.least)
+                           if (cap.what, cap.limit) == (error.what, error.cap))
             caps[failing] = dataclasses.replace(caps[failing], limit=error.least)
             message = (f"{error}; best effort (activation_memory_budget_best_effort): took the "
                        f"{error.least_label} cut at {error.least} bytes")
