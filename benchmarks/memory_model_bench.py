@@ -1,7 +1,7 @@
 """Memory-model benchmark: simulated against measured peak memory of one training step.
 
 For each model and activation-memory budget, our min-cut partitioner splits the model's joint
-graph; ``aot_partition.memory.simulate_partition`` predicts the step's peak (forward, then
+graph; ``aot_partition.fx.memory.simulate_partition`` predicts the step's peak (forward, then
 backward) and ``measure_partition`` runs the two graphs for real: on CPU the peak is rebuilt
 from the profiler's allocation events, on CUDA it is ``max_memory_allocated``. Both are relative
 to the memory allocated before the step (parameters and inputs). Two simulated columns: the
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from aot_partition import default_partition
-from aot_partition.memory import measure_partition, simulate_partition
+from aot_partition.fx.memory import measure_partition, simulate_partition
 from aot_partition.partitioners import partition_with_report
 from aot_pipeline.models import build_model
 from functorch.compile import aot_module, make_boxed_func
@@ -136,7 +136,7 @@ def run_case(joint: Joint, budget: float, device: str, png_dir: str | None) -> R
     measured = measure_partition(fw, bw, device=device)
     measure_s = time.perf_counter() - start
     if png_dir is not None:
-        from aot_partition.memory_plot import write_memory_timeline_png
+        from aot_partition.report.memory_plot import write_memory_timeline_png
 
         write_memory_timeline_png(with_ws, os.path.join(png_dir, f"memory_{joint.label}.png"),
                                   title=f"{joint.label}, budget {budget}")

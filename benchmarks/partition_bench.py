@@ -49,8 +49,8 @@ import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import knapsack as our_knapsack
 from aot_partition import min_cut_rematerialization_partition
-from aot_partition.estimators import count_flops
-from aot_partition.pareto import ParetoPoint
+from aot_partition.fx.estimators import count_flops
+from aot_partition.report.pareto import ParetoPoint
 from aot_pipeline.models import build_model
 from functorch.compile import aot_module, make_boxed_func
 from torch._functorch import config as torch_config
@@ -256,7 +256,7 @@ def markdown(rows: list[Row], knap: list[dict[str, Any]], meta: dict[str, Any]) 
 
 
 def pareto_pngs(rows: list[Row], out_dir: str) -> list[str]:
-    from aot_partition.draw import plot_pareto
+    from aot_partition.report.draw import plot_pareto
 
     paths = []
     first_mode = rows[0].graph_modules if rows else "lazy"  # the same cuts in both modes

@@ -92,10 +92,10 @@ def _caches_in(module: Any) -> Iterator[Callable[[], None]]:
 
 # Module-level dicts that memoize per op or per signature across calls (a cold process starts
 # with them empty): runtime estimates, kernel workspaces, op packets, CSE's per-target answers.
-PROCESS_DICTS = (("aot_partition.estimators", "_cache"), ("aot_partition.memory", "_workspace_cache"),
-                 ("aot_partition.joint", "_PACKETS"),
-                 ("aot_partition.passes.cse", "_NEVER_MERGED_TARGETS"),
-                 ("aot_partition.passes.cse", "_SEEDED_TARGETS"))
+PROCESS_DICTS = (("aot_partition.fx.estimators", "_cache"), ("aot_partition.fx.memory", "_workspace_cache"),
+                 ("aot_partition.fx.joint", "_PACKETS"),
+                 ("aot_partition.fx.passes.cse", "_NEVER_MERGED_TARGETS"),
+                 ("aot_partition.fx.passes.cse", "_SEEDED_TARGETS"))
 
 
 def clear_process_caches() -> int:

@@ -24,7 +24,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition, saved_activation_bytes
-from aot_partition.sizes import node_nbytes
+from aot_partition.fx.sizes import node_nbytes
 from functorch.compile import aot_module, make_boxed_func
 from torch import nn
 from torch._functorch import config as torch_config

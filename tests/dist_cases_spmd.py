@@ -13,7 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from aot_config import functorch as functorch_config
-from aot_partition import PartitionDisagreementError, estimators, spmd
+from aot_partition import PartitionDisagreementError
+from aot_partition.fx import estimators, spmd
 from aot_partition.partitioners import partition_with_report
 from functorch.compile import aot_function, nop
 

@@ -362,7 +362,7 @@ def dtensor_saved_groups(budgets: list[float]) -> dict[str, Any]:
     at 1.0 and 0.0 (it fails at 0.5). Replaces the default group by a fake 2-rank one (the
     joint is all that is used: no collective runs)."""
     from aot_partition import min_cut_rematerialization_partition as ours
-    from aot_partition.sizes import is_opaque
+    from aot_partition.fx.sizes import is_opaque
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import config as torch_functorch_config
     from torch._functorch.partitioners import min_cut_rematerialization_partition as theirs

@@ -129,30 +129,33 @@ def test_no_import_cycle_inside_a_package(package_dir: Path) -> None:
 # above it, never of a row below. Rows hold modules that do not import each other, or whose
 # order inside the row is fixed by the cycle test.
 AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
-    # leaves: errors, flag access, torch-release differences, the joint graph's conventions,
-    # sizes, functional collectives, the rank agreement (the leaves may import each other; the
-    # cycle test keeps them acyclic)
-    ("errors", "flags", "config", "_compat", "graph_modules", "joint", "sizes", "collectives",
-     "spmd"),
-    # graph passes (one function each: graph in, "changed" out)
-    ("passes", "passes.cse", "passes.dce", "passes.recompute_tags", "passes.reorder",
-     "passes.rng", "passes.rng_ops"),
+    # leaves: errors, flag access and the config snapshot (no torch)
+    ("errors", "flags", "config", "_moved"),
+    # core/: the graph-agnostic core on plain data (numpy/scipy only)
+    ("core.milp_limits", "core.mincut", "core.mincut_scipy", "core.knapsack", "core.graph",
+     "core.ilp_graph", "core"),
+    # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
+    # collectives, the rank agreement (they may import each other; the cycle test keeps them
+    # acyclic)
+    ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives", "fx.spmd"),
+    # fx/passes: graph passes (one function each: graph in, "changed" out)
+    ("fx.passes", "fx.passes.cse", "fx.passes.dce", "fx.passes.recompute_tags",
+     "fx.passes.reorder", "fx.passes.rng", "fx.passes.rng_ops"),
     # the joint prepared for partitioning (checks + passes, undone afterwards)
-    ("prepare",),
-    # per-node classification, policy, flow network, min-cut solve; forward/backward cutting
-    ("classify", "extract", "policy", "mincut", "mincut_scipy", "core", "network", "solve",
-     "regions"),
-    # on arrays: knapsack solvers, runtime estimates, the whole-graph MILP
-    ("knapsack", "estimators", "roofline", "ilp_graph", "memory"),
-    # the memory-budget search
-    ("budget",),
-    # budgets in bytes: the fixed candidate cuts and the caps that choose among them; a
-    # fraction's check against the reference estimator's cut
-    ("caps", "reference", "region_budget"),
-    # data only: the partition report; pictures; the report as TORCH_TRACE artifacts
-    ("report", "draw", "memory_plot", "trace"),
-    # the budget sweep (also used by the partitioner for visualize_memory_budget_pareto)
-    ("pareto", "checkpoint_split"),
+    ("fx.prepare",),
+    # per-node classification, policy, the translation into the core, min-cut solve,
+    # forward/backward cutting
+    ("fx.classify", "fx.extract", "fx.policy", "fx.network", "fx.solve", "fx.regions"),
+    # runtime estimates and the memory simulator
+    ("fx.estimators", "fx.roofline", "fx.memory"),
+    # budget/: the memory-budget search
+    ("budget", "budget.search"),
+    # budgets in bytes or a peak, per-region budgets, the reference check
+    ("budget.caps", "budget.reference", "budget.regions"),
+    # report/: data only: the partition report; pictures; TORCH_TRACE artifacts
+    ("report", "report.report", "report.draw", "report.memory_plot", "report.trace"),
+    # the budget sweep; default_partition with SAC tags (uses the byte caps' cut helpers)
+    ("report.pareto", "fx.checkpoint_split"),
     # composition: the two partition functions and explain_partition
     ("partitioners",),
     # the public API

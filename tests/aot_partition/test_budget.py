@@ -6,10 +6,10 @@ import pytest
 import torch
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
-from aot_partition.budget import BUDGET_SOLVERS, BudgetSearch, choose_saved_values_set
-from aot_partition.classify import classify
+from aot_partition.budget.search import BUDGET_SOLVERS, BudgetSearch, choose_saved_values_set
+from aot_partition.fx.classify import classify
+from aot_partition.fx.sizes import saved_activation_bytes
 from aot_partition.partitioners import partition_with_report
-from aot_partition.sizes import saved_activation_bytes
 from torch._functorch import config as torch_config
 from torch._functorch.partitioners import (
     min_cut_rematerialization_partition as torch_min_cut_partition,
@@ -89,8 +89,8 @@ def test_dp_budget_saves_no_more_than_torch(capture):
 def test_budget_zero_saves_least(capture):
     # The seed answers budget 0 with "the inputs"; a small intermediate can be cheaper to save
     # than a big input, so ours takes whichever the backward reads fewer bytes of.
-    from aot_partition.budget import needed_by_backward
-    from aot_partition.sizes import node_nbytes
+    from aot_partition.budget.search import needed_by_backward
+    from aot_partition.fx.sizes import node_nbytes
 
     joint = joint_of("gpt", capture)
     module = joint.fresh()
@@ -145,9 +145,9 @@ def test_solver_and_estimator_names_have_one_source():
     """The budget solvers are the knapsack solvers plus the graph-aware two; the flag
     declarations in aot_config and aot_pipeline's option list name the same ones."""
     from aot_config import functorch as flags
-    from aot_partition.estimators import RUNTIME_ESTIMATORS
-    from aot_partition.knapsack import KNAPSACK_SOLVERS
-    from aot_partition.mincut import available_solver_names
+    from aot_partition.core.knapsack import KNAPSACK_SOLVERS
+    from aot_partition.core.mincut import available_solver_names
+    from aot_partition.fx.estimators import RUNTIME_ESTIMATORS
     from aot_pipeline import SOLVERS as PIPELINE_SOLVERS
 
     assert set(BUDGET_SOLVERS) == {*KNAPSACK_SOLVERS, "dp_graph", "ilp_graph"}
@@ -178,7 +178,7 @@ def test_torch_config_budget_is_honoured(capture):
 
 
 def recompute_flops(joint, budget, solver):
-    from aot_partition.estimators import count_flops
+    from aot_partition.fx.estimators import count_flops
 
     def flops(gm):
         return sum(f for n in gm.graph.nodes if n.op == "call_function"
@@ -205,7 +205,7 @@ def test_ilp_graph_is_never_worse_than_dp_and_better_somewhere(capture):
 
 
 def test_only_batch_norm_reading_running_stats_is_kept_in_forward(capture):
-    from aot_partition.passes import save_readers_of_mutated_inputs
+    from aot_partition.fx.passes import save_readers_of_mutated_inputs
     from torch.utils.checkpoint import CheckpointPolicy
 
     case = make_case("convnet")

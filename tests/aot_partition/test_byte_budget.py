@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from aot_config import functorch as functorch_config
 from aot_partition import explain_partition, min_cut_rematerialization_partition
-from aot_partition.caps import CutCandidate, choose_candidate
+from aot_partition.budget.caps import CutCandidate, choose_candidate
 from aot_partition.config import PartitionConfig
 from aot_partition.errors import UnreachableMemoryBudgetError
+from aot_partition.fx.sizes import saved_activation_bytes
 from aot_partition.partitioners import partition_with_report
-from aot_partition.sizes import saved_activation_bytes
 from zoo import assert_matches_eager, make_case
 
 

@@ -15,14 +15,14 @@ import pytest
 import torch
 from aot_config import functorch as functorch_config
 from aot_partition import core
-from aot_partition.classify import classify, default_op_types
 from aot_partition.config import MinCutOptions, PartitionConfig
-from aot_partition.network import describe, fx_core_graph
+from aot_partition.fx.classify import classify, default_op_types
+from aot_partition.fx.network import describe, fx_core_graph
+from aot_partition.fx.passes.recompute_tags import must_recompute
+from aot_partition.fx.policy import PolicyContext, can_be_banned
+from aot_partition.fx.prepare import prepared_joint
+from aot_partition.fx.solve import solve_min_cut_detailed
 from aot_partition.partitioners import partition_with_report
-from aot_partition.passes.recompute_tags import must_recompute
-from aot_partition.policy import PolicyContext, can_be_banned
-from aot_partition.prepare import prepared_joint
-from aot_partition.solve import solve_min_cut_detailed
 from zoo import ZOO, make_case
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "core_golden.json").read_text())

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
@@ -86,14 +88,16 @@ print(before, "torch" in sys.modules, fn.__module__)
 
 
 def test_public_names_match_all_and_the_function_classify_wins_over_its_module():
-    import aot_partition.classify  # noqa: F401  (binds the submodule on the package)
+    import aot_partition.fx.classify  # noqa: F401
+    with pytest.warns(DeprecationWarning, match="aot_partition.classify moved to aot_partition.fx.classify"):
+        import aot_partition.classify  # noqa: F401  (the old path binds the module on the package)
 
     assert set(aot_partition.__all__) <= set(dir(aot_partition))
     for name in aot_partition.__all__:
         assert getattr(aot_partition, name) is not None
     assert callable(aot_partition.classify)
-    assert aot_partition.classify.__module__ == "aot_partition.classify"
-    assert aot_partition.knapsack.__name__ == "aot_partition.knapsack"
+    assert aot_partition.classify.__module__ == "aot_partition.fx.classify"
+    assert aot_partition.core.knapsack.__name__ == "aot_partition.core.knapsack"
     try:
         aot_partition.no_such_name  # noqa: B018
     except AttributeError as error:

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from aot_partition.passes import cse, merge_common_subexpressions
+from aot_partition.fx.passes import cse, merge_common_subexpressions
 from functorch.compile import aot_function, make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition as torch_min_cut
 

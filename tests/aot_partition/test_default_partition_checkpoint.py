@@ -170,7 +170,7 @@ def test_default_partition_of_tagged_joint_matches_eager(case):
 
 
 def test_mutation_outside_inputs_is_found():
-    from aot_partition.checkpoint_split import mutation_outside_inputs
+    from aot_partition.fx.checkpoint_split import mutation_outside_inputs
 
     graph = torch.fx.Graph()
     x = graph.placeholder("primals_1")

@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 import torch
 from aot_partition.config import PartitionConfig
+from aot_partition.fx.passes.rng_ops import run_and_save_rng_state, run_with_rng_state
 from aot_partition.partitioners import partition_with_report
-from aot_partition.passes.rng_ops import run_and_save_rng_state, run_with_rng_state
 from functorch.compile import aot_module, make_boxed_func
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode

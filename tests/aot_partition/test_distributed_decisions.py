@@ -16,10 +16,11 @@ import pytest
 import torch
 import torch.fx as fx
 from aot_config import functorch as functorch_config
-from aot_partition import estimators, spmd
-from aot_partition.collectives import COLLECTIVE_REASON, collective_seconds, wire_bytes
 from aot_partition.config import MinCutOptions, PartitionConfig
-from aot_partition.policy import active_ban_rules, collective, never_released
+from aot_partition.core.milp_limits import MILP_NODES_PER_SECOND, milp_limits, stopped_by_limit
+from aot_partition.fx import estimators, spmd
+from aot_partition.fx.collectives import COLLECTIVE_REASON, collective_seconds, wire_bytes
+from aot_partition.fx.policy import active_ban_rules, collective, never_released
 from ranks import run_ranks
 
 c10d = torch.ops._c10d_functional
@@ -125,7 +126,8 @@ def test_one_rank_has_no_agreement_and_keeps_wall_clock_limits():
                              needs_runtimes=True, measure=operator.not_,
                              signature=estimators.profile_key):
         assert spmd.current() is None
-        assert spmd.milp_limits(10.0) == {"time_limit": 10.0}
+        assert not spmd.deterministic_limits()
+        assert milp_limits(10.0, deterministic=spmd.deterministic_limits()) == {"time_limit": 10.0}
     spmd.check_saved_agreement([], PartitionConfig(check_agreement=True))  # nothing to check
 
 
@@ -134,9 +136,10 @@ def test_under_an_agreement_milp_limits_are_nodes_and_profiles_are_the_agreed_on
     key = estimators.profile_key(nodes["relu"])
     token = spmd._CURRENT.set(spmd.Agreement({key: 7.0}, deterministic_limits=True))
     try:
-        assert spmd.milp_limits(10.0) == {"node_limit": 10 * spmd.MILP_NODES_PER_SECOND}
-        assert spmd.milp_limits(2.0) == {"node_limit": 2 * spmd.MILP_NODES_PER_SECOND}
-        assert spmd.milp_limits(float("inf")) == {}
+        assert spmd.deterministic_limits()
+        assert milp_limits(10.0, deterministic=True) == {"node_limit": 10 * MILP_NODES_PER_SECOND}
+        assert milp_limits(2.0, deterministic=True) == {"node_limit": 2 * MILP_NODES_PER_SECOND}
+        assert milp_limits(float("inf"), deterministic=True) == {}
         assert estimators.estimate_runtime(nodes["relu"], "profile") == 7.0
         # an op that was not agreed gets its roofline time (ms), never a local measurement
         graph = fx.Graph()
@@ -154,11 +157,11 @@ def test_a_node_limit_stop_counts_as_not_proven_optimal():
     # scipy (1.17) reports HiGHS's node limit as status 4 with this message
     node_limit = ("The HiGHS status code was not recognized. (HiGHS Status 16: Solution limit "
                   "reached)")
-    assert spmd.stopped_by_limit(4, node_limit)
-    assert spmd.stopped_by_limit(1, "Time limit reached. (HiGHS Status 13: Time limit reached)")
-    assert not spmd.stopped_by_limit(0, "Optimization terminated successfully. (HiGHS Status 7: "
+    assert stopped_by_limit(4, node_limit)
+    assert stopped_by_limit(1, "Time limit reached. (HiGHS Status 13: Time limit reached)")
+    assert not stopped_by_limit(0, "Optimization terminated successfully. (HiGHS Status 7: "
                                         "Optimal)")
-    assert not spmd.stopped_by_limit(4, "The problem is unbounded or infeasible. ")
+    assert not stopped_by_limit(4, "The problem is unbounded or infeasible. ")
 
 
 def test_the_disagreement_message_names_the_nodes_of_each_rank():

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.fx as fx
 from aot_partition import default_partition, node_nbytes
+from aot_partition.fx.sizes import is_opaque, is_opaque_value
 from aot_partition.partitioners import partition_with_report
-from aot_partition.sizes import is_opaque, is_opaque_value
 from dist_cases_tp import TO_LOCAL_VIEW_BUG
 from ranks import run_ranks
 from torch.fx.experimental._backward_state import BackwardState

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from aot_config import functorch as functorch_config
-from aot_partition import estimators
-from aot_partition.estimators import estimate_runtime
+from aot_partition.fx import estimators
+from aot_partition.fx.estimators import estimate_runtime
 from functorch.compile import aot_function, make_boxed_func
 from torch._functorch.partitioners import default_partition
 from torch.utils.flop_counter import FlopCounterMode
@@ -160,7 +160,7 @@ def test_profile_under_fake_mode_times_real_tensors(device, monkeypatch):
 
 
 def test_real_tensor_check_names_the_fake_one():
-    from aot_partition._compat import check_real_tensors
+    from aot_partition.fx._compat import check_real_tensors
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():

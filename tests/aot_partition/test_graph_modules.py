@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import default_partition, min_cut_rematerialization_partition
-from aot_partition.graph_modules import CodeOnFirstUseGraphModule, has_generated_code
+from aot_partition.fx.graph_modules import CodeOnFirstUseGraphModule, has_generated_code
 from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 from zoo import assert_matches_eager, make_case
 

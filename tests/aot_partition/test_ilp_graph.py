@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 import scipy.optimize
 from aot_config import functorch as functorch_config
-from aot_partition import estimators, explain_partition, ilp_graph
-from aot_partition.estimators import estimate_runtime
-from aot_partition.ilp_graph import (
+from aot_partition import explain_partition
+from aot_partition.core import ilp_graph
+from aot_partition.core.ilp_graph import (
     SaveOrRecompute,
     evaluate,
     fits,
     solve_save_or_recompute,
 )
+from aot_partition.fx import estimators
+from aot_partition.fx.estimators import estimate_runtime
 
 
 def chain(capacity: float, **overrides) -> SaveOrRecompute:
@@ -94,7 +96,7 @@ def test_a_reference_that_ties_or_wins_is_kept(monkeypatch):
     found = solve_save_or_recompute(problem, reference=over)
     assert found is not None and found.source == "milp"
     # when HiGHS finds nothing (or something worse), the reference is the answer
-    monkeypatch.setattr(ilp_graph, "_solve_milp", lambda problem, limit: None)
+    monkeypatch.setattr(ilp_graph, "_solve_milp", lambda problem, limit, deterministic: None)
     found = solve_save_or_recompute(problem, reference=worse)
     assert found is not None and found.source == "reference" and found.runtime == 16.0
     assert solve_save_or_recompute(problem) is None

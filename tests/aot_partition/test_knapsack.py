@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from aot_partition.knapsack import (
+from aot_partition.core.knapsack import (
     QUANTIZATION_SCALE,
     dp_knapsack,
     dp_knapsack_hirschberg,
@@ -151,7 +151,7 @@ def test_torchs_dp_overflows_often_and_ours_never():
 def test_bounds_settle_most_items_of_a_large_instance():
     """The speed of dp_knapsack comes from items the LP bounds settle; keep it that way, and
     the settled items must agree with the full table's answer."""
-    from aot_partition.knapsack import ALWAYS, NEVER, _fix_items, _quantize
+    from aot_partition.core.knapsack import ALWAYS, NEVER, _fix_items, _quantize
 
     rng = np.random.default_rng(0)
     memory = rng.random(500) * 4 / 500
@@ -214,7 +214,7 @@ def _tie_instance(seed):
 
 def _items_in_table(memory, runtimes, max_memory):
     """How many items the bounds leave to the (rounded-weights) table."""
-    from aot_partition.knapsack import ALWAYS, UNDECIDED, _fix_items, _quantize
+    from aot_partition.core.knapsack import ALWAYS, UNDECIDED, _fix_items, _quantize
 
     q_mem, capacity = _quantize(np.asarray(memory), max_memory, QUANTIZATION_SCALE)
     status = _fix_items(q_mem, np.asarray(runtimes), capacity)
@@ -227,7 +227,7 @@ def test_light_path_breaks_ties_like_the_table(seed, caplog):
     """Same answer, to the bit, whichever path dp_knapsack takes; torch's where it fits."""
     memory, runtimes, max_memory = _tie_instance(seed)
     table = dp_knapsack(memory, runtimes, max_memory)
-    with caplog.at_level(logging.DEBUG, logger="aot_partition.knapsack"):
+    with caplog.at_level(logging.DEBUG, logger="aot_partition.core.knapsack"):
         light = [dp_knapsack(memory, runtimes, max_memory, table_bytes_limit=limit)
                  for limit in (0, 1, 300, 5_000)]
     light.append(dp_knapsack_hirschberg(memory, runtimes, max_memory))
@@ -250,7 +250,7 @@ def test_many_items_rounding_to_zero_stay_within_capacity(caplog):
     assert not np.rint(np.asarray(memory) * QUANTIZATION_SCALE).any()
     greedy_value = check_partition(greedy_knapsack(memory, runtimes, 0.5), n, memory, 0.5)
     table = dp_knapsack(memory, runtimes, 0.5)
-    with caplog.at_level(logging.DEBUG, logger="aot_partition.knapsack"):
+    with caplog.at_level(logging.DEBUG, logger="aot_partition.core.knapsack"):
         light = dp_knapsack(memory, runtimes, 0.5, table_bytes_limit=20_000)
     assert "row-checkpointing" in caplog.text and "overflow" in caplog.text
     assert light == table

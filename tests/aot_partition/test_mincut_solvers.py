@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from aot_partition.mincut import FlowNetwork, get_solver, networkx_min_cut
-from aot_partition.mincut_scipy import FINITE_CAPACITY_TOTAL, scipy_min_cut
+from aot_partition.core.mincut import FlowNetwork, get_solver, networkx_min_cut
+from aot_partition.core.mincut_scipy import FINITE_CAPACITY_TOTAL, scipy_min_cut
 
 
 def random_network(seed: int, num_nodes: int = 12, num_edges: int = 40,

@@ -8,8 +8,8 @@ import os
 import aot_partition
 import pytest
 from aot_config import functorch as functorch_config
-from aot_partition.draw import draw_graph, plot_pareto
-from aot_partition.pareto import ParetoPoint, memory_budget_pareto
+from aot_partition.report.draw import draw_graph, plot_pareto
+from aot_partition.report.pareto import ParetoPoint, memory_budget_pareto
 from zoo import make_case
 
 

@@ -140,7 +140,7 @@ def test_recomputed_dropout_reproduces_forward_mask(partition_fn, split_with_rec
     policy = _policy(default=CheckpointPolicy.MUST_RECOMPUTE)
     fw, bw, num_fwd = _compile_and_compare(_checkpointed(policy, _dropout_block), partition_fn,
                                            split_with_recording, nop_compiler)
-    from aot_partition.passes.rng_ops import run_and_save_rng_state, run_with_rng_state
+    from aot_partition.fx.passes.rng_ops import run_and_save_rng_state, run_with_rng_state
 
     assert any(n.target is run_and_save_rng_state for n in fw.graph.nodes)
     assert any(n.target is run_with_rng_state for n in bw.graph.nodes)

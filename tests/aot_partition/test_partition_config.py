@@ -13,10 +13,10 @@ from aot_config import functorch as functorch_config
 from aot_partition import MinCutOptions, explain_partition
 from aot_partition import config as config_module
 from aot_partition import partitioners as partitioners_module
-from aot_partition import policy as P
 from aot_partition.config import PartitionConfig
+from aot_partition.fx import policy as P
+from aot_partition.fx.sizes import saved_activation_bytes
 from aot_partition.partitioners import partition_with_report
-from aot_partition.sizes import saved_activation_bytes
 from zoo import make_case
 
 ALL_ON = MinCutOptions(True, True, True, True, True)

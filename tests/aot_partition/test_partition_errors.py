@@ -12,7 +12,7 @@ from aot_partition import (
     get_solver,
     min_cut_rematerialization_partition,
 )
-from aot_partition.mincut import available_solver_names
+from aot_partition.core.mincut import available_solver_names
 from zoo import make_case
 
 aten = torch.ops.aten

@@ -8,8 +8,8 @@ import pytest
 import torch
 from aot_config import functorch as functorch_config
 from aot_partition import MinCutOptions, classify, default_op_types, explain_partition
-from aot_partition import policy as P
-from aot_partition.classify import FAR_FROM_BACKWARD
+from aot_partition.fx import policy as P
+from aot_partition.fx.classify import FAR_FROM_BACKWARD
 from aot_partition.partitioners import min_cut_rematerialization_partition
 from torch.utils.checkpoint import CheckpointPolicy
 from zoo import assert_matches_eager, make_case

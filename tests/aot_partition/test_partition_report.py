@@ -118,4 +118,4 @@ def test_lazy_attributes_and_unknown_attribute():
 
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         aot_partition.nope  # noqa: B018
-    assert callable(aot_partition.knapsack.greedy_knapsack)
+    assert callable(aot_partition.core.knapsack.greedy_knapsack)

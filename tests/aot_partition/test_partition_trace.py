@@ -1,4 +1,4 @@
-"""Partition decisions as TORCH_TRACE artifacts (aot_partition.trace), read back by tlparse."""
+"""Partition decisions as TORCH_TRACE artifacts (aot_partition.report.trace), read back by tlparse."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from aot_config import functorch as functorch_config
-from aot_partition import default_partition, explain_partition, partitioners, trace
+from aot_partition import default_partition, explain_partition, partitioners
+from aot_partition.report import trace
 from torch._logging import _internal as torch_logging_internal
 from zoo import make_case
 

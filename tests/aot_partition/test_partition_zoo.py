@@ -98,7 +98,7 @@ def test_module_class_follows_torch_lazy_setting(lazy, capture):
     code is generated on first use, as torch's forward is (torch rebuilds its backward as a
     plain GraphModule when reordering it); elsewhere our scriptable CodeOnFirstUseGraphModule
     (test_graph_modules.py), where torch returns plain GraphModules. Same graphs either way."""
-    from aot_partition.graph_modules import CodeOnFirstUseGraphModule
+    from aot_partition.fx.graph_modules import CodeOnFirstUseGraphModule
     from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 
     case = make_case("gpt")

@@ -4,14 +4,14 @@ without the cap."""
 
 from __future__ import annotations
 
-import aot_partition.memory as memory
+import aot_partition.fx.memory as memory
 import pytest
 import torch
 from aot_config import functorch as functorch_config
 from aot_partition import explain_partition, min_cut_rematerialization_partition
-from aot_partition.caps import SimulatedPeak
+from aot_partition.budget.caps import SimulatedPeak
 from aot_partition.errors import UnreachableMemoryBudgetError
-from aot_partition.memory import simulate_partition
+from aot_partition.fx.memory import simulate_partition
 from aot_partition.partitioners import partition_with_report
 from functorch.compile import aot_module, make_boxed_func
 from torch import nn
@@ -229,7 +229,7 @@ def test_flag_cap_matches_eager(name, capture, aot_with):
 # ---- the Pareto sweep in bytes ----------------------------------------------------------------
 
 def test_sweep_points_carry_the_partitions_simulated_peak(gpt, count_simulations):
-    from aot_partition.pareto import memory_budget_pareto, score_partition
+    from aot_partition.report.pareto import memory_budget_pareto, score_partition
 
     budgets = [1.0, 0.5, 0.0]
     seen = []
@@ -250,7 +250,7 @@ def test_sweep_points_carry_the_partitions_simulated_peak(gpt, count_simulations
 
 
 def test_plot_peak_front_writes_a_png(tmp_path):
-    from aot_partition.pareto import PeakPoint, plot_peak_front
+    from aot_partition.report.pareto import PeakPoint, plot_peak_front
 
     ours = [PeakPoint(1.0, 3 * 2**20, 0.0, 2**20), PeakPoint(0.0, 2 * 2**20, 5.0, 2**19)]
     path = plot_peak_front({"ours": ours, "torch": ours[::-1]}, tmp_path / "out" / "p.png",
@@ -264,7 +264,7 @@ def test_plot_peak_front_writes_a_png(tmp_path):
 
 def _scores(joint, **config):
     """(simulated peak, roofline step estimate) of one partition under ``config``."""
-    from aot_partition.caps import step_estimate
+    from aot_partition.budget.caps import step_estimate
     from aot_partition.config import PartitionConfig
 
     fw, bw, report = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
@@ -277,7 +277,7 @@ def test_peak_cap_orders_candidates_by_the_simulated_step(gpt, monkeypatch):
     """At the flops cut's peak at 0.8, the knapsack items' runtime preferred a cut whose whole
     step is 2.7% slower (it missed what the forward no longer runs); the step estimate of the
     simulation does not."""
-    from aot_partition import caps
+    from aot_partition.budget import caps
 
     (flops_peak, flops_step), _ = _scores(gpt, memory_budget=0.8, runtime_estimator="flops")
     (peak, step), _ = _scores(gpt, peak_bytes=flops_peak)

@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
-from aot_partition.budget import BudgetSearch
-from aot_partition.classify import classify
+from aot_partition.budget.search import BudgetSearch
+from aot_partition.fx.classify import classify
+from aot_partition.fx.passes.rng import rng_state_nbytes
+from aot_partition.fx.passes.rng_ops import run_and_save_rng_state, run_with_rng_state
+from aot_partition.fx.policy import never_recompute
+from aot_partition.fx.prepare import prepared_joint
+from aot_partition.fx.sizes import saved_activation_bytes
 from aot_partition.partitioners import partition_with_report
-from aot_partition.passes.rng import rng_state_nbytes
-from aot_partition.passes.rng_ops import run_and_save_rng_state, run_with_rng_state
-from aot_partition.policy import never_recompute
-from aot_partition.prepare import prepared_joint
-from aot_partition.sizes import saved_activation_bytes
 from functorch.compile import make_boxed_func
 from torch import nn
 from torch._dynamo.backends.common import aot_autograd
@@ -171,7 +171,7 @@ class Attention(nn.Module):
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.2])
 def test_attention_is_random_only_with_dropout(capture, dropout_p):
-    from aot_partition.joint import is_random
+    from aot_partition.fx.joint import is_random
 
     case = _case(Attention(dropout_p), shape=(512, 64))  # activations outweigh the weights
     joint = capture(case.module, *case.inputs)

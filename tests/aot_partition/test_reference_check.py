@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch.fx as fx
 from aot_config import functorch as functorch_config
-from aot_partition import memory, min_cut_rematerialization_partition
-from aot_partition.caps import SimulatedPeak, step_estimate
+from aot_partition import min_cut_rematerialization_partition
+from aot_partition.budget.caps import SimulatedPeak, step_estimate
 from aot_partition.config import PartitionConfig
+from aot_partition.fx import memory
 from aot_partition.partitioners import partition_with_report
 from zoo import assert_matches_eager, make_case
 
@@ -183,7 +184,7 @@ def spy_milp(monkeypatch, *, time_limited: bool = False) -> list[float | None]:
     """Record each MILP solve's time limit; optionally report every solve as stopped by it."""
     from dataclasses import replace
 
-    from aot_partition import budget
+    from aot_partition.budget import search as budget
 
     limits: list[float | None] = []
     solve = budget.solve_save_or_recompute
@@ -198,7 +199,7 @@ def spy_milp(monkeypatch, *, time_limited: bool = False) -> list[float | None]:
 
 
 def test_ilp_candidate_runs_only_on_small_forwards(llama_joint, monkeypatch):
-    from aot_partition import reference
+    from aot_partition.budget import reference
 
     limits = spy_milp(monkeypatch)
     partition(llama_joint, 0.5)

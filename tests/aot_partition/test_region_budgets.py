@@ -13,9 +13,9 @@ import copy
 import pytest
 import torch
 from aot_partition import FlagConflictError, UnreachableMemoryBudgetError, region_memory_budget
+from aot_partition.fx.regions import BYTES_REGION_KEY, TORCH_REGION_KEY, parse_region_budget
+from aot_partition.fx.sizes import node_nbytes
 from aot_partition.partitioners import min_cut_rematerialization_partition, partition_with_report
-from aot_partition.regions import BYTES_REGION_KEY, TORCH_REGION_KEY, parse_region_budget
-from aot_partition.sizes import node_nbytes
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as torch_config

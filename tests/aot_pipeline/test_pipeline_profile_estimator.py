@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import aot_pipeline
 from aot_config import functorch as functorch_flags
-from aot_partition import estimators
+from aot_partition.fx import estimators
 from zoo import assert_matches_eager, make_case
 
 timed = []

@@ -35,7 +35,7 @@ def test_inductor_backward_reads_the_forwards_dropout_output(budget):
 @pytest.mark.parametrize("name", ["run_and_save_rng_state", "run_with_rng_state"])
 def test_replay_operators_are_kept_out_of_cuda_graphs(name):
     # Inductor matches cudagraph-unsafe ops by name; a captured graph would replay a stale state.
-    from aot_partition.passes import rng_ops
+    from aot_partition.fx.passes import rng_ops
     from torch._inductor.utils import get_first_incompatible_cudagraph_node
 
     graph = torch.fx.Graph()

@@ -354,7 +354,7 @@ def test_direct_aot_module_with_code_on_first_use_modules(name: str) -> None:
     """A direct aot_module call (no Dynamo) at budget 0.5: our partitioner's modules have no
     code when returned; three steps (dropout on, batch-norm statistics moving) each match
     eager's, and the joint is partitioned once."""
-    from aot_partition.graph_modules import CodeOnFirstUseGraphModule, has_generated_code
+    from aot_partition.fx.graph_modules import CodeOnFirstUseGraphModule, has_generated_code
     from functorch.compile import aot_module, make_boxed_func
 
     built: list[fx.GraphModule] = []

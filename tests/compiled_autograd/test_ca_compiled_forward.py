@@ -60,7 +60,7 @@ def test_direct_aot_forward_with_code_on_first_use_modules(name, compare_backwar
     """A direct aot_module call (no Dynamo) with our partitioner returns modules that generate
     their code on first use; the captured backward still matches eager."""
     from aot_partition import min_cut_rematerialization_partition
-    from aot_partition.graph_modules import CodeOnFirstUseGraphModule
+    from aot_partition.fx.graph_modules import CodeOnFirstUseGraphModule
     from functorch.compile import aot_module, make_boxed_func
 
     built: list = []

@@ -152,7 +152,7 @@ activation_memory_peak_bytes: int | None = flag(
     None,
     type=int | None,
     range=(0, None),
-    doc="Cap on the simulated forward+backward peak bytes (aot_partition.memory); None = no cap.",
+    doc="Cap on the simulated forward+backward peak bytes (aot_partition.fx.memory); None = no cap.",
 )
 
 activation_memory_budget_runtime_estimator: str = flag(

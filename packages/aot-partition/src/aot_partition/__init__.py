@@ -17,11 +17,13 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
+
 if TYPE_CHECKING:
-    from . import knapsack
-    from .classify import NodeInfo, OpTypes, classify, default_op_types
+    from .budget.regions import RegionOutcome
     from .config import PartitionConfig
-    from .draw import draw_graph
+    from .core import knapsack
+    from .core.mincut import FlowNetwork, MinCut, get_solver
     from .errors import (
         FlagConflictError,
         GraphCycleError,
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
         PartitionError,
         UnreachableMemoryBudgetError,
     )
-    from .memory import (
+    from .fx.classify import NodeInfo, OpTypes, classify, default_op_types
+    from .fx.memory import (
         LiveBuffer,
         MeasuredMemory,
         MemoryStep,
@@ -40,33 +43,32 @@ if TYPE_CHECKING:
         simulate_joint,
         simulate_partition,
     )
-    from .memory_plot import write_memory_timeline_png
-    from .mincut import FlowNetwork, MinCut, get_solver
-    from .pareto import memory_budget_pareto
+    from .fx.policy import MinCutOptions
+    from .fx.regions import region_memory_budget
+    from .fx.sizes import node_nbytes, saved_activation_bytes
+    from .fx.solve import solve_min_cut
     from .partitioners import (
         MemoryBudgetBestEffortWarning,
         default_partition,
         explain_partition,
         min_cut_rematerialization_partition,
     )
-    from .policy import MinCutOptions
-    from .region_budget import RegionOutcome
-    from .regions import region_memory_budget
-    from .report import NodeDecision, PartitionReport
-    from .sizes import node_nbytes, saved_activation_bytes
-    from .solve import solve_min_cut
+    from .report.draw import draw_graph
+    from .report.memory_plot import write_memory_timeline_png
+    from .report.pareto import memory_budget_pareto
+    from .report.report import NodeDecision, PartitionReport
 
 # public submodules
-_PUBLIC_SUBMODULES = frozenset({"knapsack"})
+_PUBLIC_SUBMODULES = {"knapsack": ".core.knapsack"}
 
 # public name -> the module (relative to this package) that defines it
 _LAZY_ATTRIBUTES: dict[str, str] = {
-    "NodeInfo": ".classify",
-    "OpTypes": ".classify",
-    "classify": ".classify",
-    "default_op_types": ".classify",
+    "NodeInfo": ".fx.classify",
+    "OpTypes": ".fx.classify",
+    "classify": ".fx.classify",
+    "default_op_types": ".fx.classify",
     "PartitionConfig": ".config",
-    "draw_graph": ".draw",
+    "draw_graph": ".report.draw",
     "FlagConflictError": ".errors",
     "GraphCycleError": ".errors",
     "InfeasibleMinCutError": ".errors",
@@ -74,30 +76,30 @@ _LAZY_ATTRIBUTES: dict[str, str] = {
     "PartitionDisagreementError": ".errors",
     "PartitionError": ".errors",
     "UnreachableMemoryBudgetError": ".errors",
-    "LiveBuffer": ".memory",
-    "MeasuredMemory": ".memory",
-    "MemoryStep": ".memory",
-    "MemoryTimeline": ".memory",
-    "measure_partition": ".memory",
-    "simulate_joint": ".memory",
-    "simulate_partition": ".memory",
-    "write_memory_timeline_png": ".memory_plot",
-    "FlowNetwork": ".mincut",
-    "MinCut": ".mincut",
-    "get_solver": ".mincut",
-    "memory_budget_pareto": ".pareto",
+    "LiveBuffer": ".fx.memory",
+    "MeasuredMemory": ".fx.memory",
+    "MemoryStep": ".fx.memory",
+    "MemoryTimeline": ".fx.memory",
+    "measure_partition": ".fx.memory",
+    "simulate_joint": ".fx.memory",
+    "simulate_partition": ".fx.memory",
+    "write_memory_timeline_png": ".report.memory_plot",
+    "FlowNetwork": ".core.mincut",
+    "MinCut": ".core.mincut",
+    "get_solver": ".core.mincut",
+    "memory_budget_pareto": ".report.pareto",
     "MemoryBudgetBestEffortWarning": ".partitioners",
     "default_partition": ".partitioners",
     "explain_partition": ".partitioners",
     "min_cut_rematerialization_partition": ".partitioners",
-    "MinCutOptions": ".policy",
-    "RegionOutcome": ".region_budget",
-    "region_memory_budget": ".regions",
-    "NodeDecision": ".report",
-    "PartitionReport": ".report",
-    "node_nbytes": ".sizes",
-    "saved_activation_bytes": ".sizes",
-    "solve_min_cut": ".solve",
+    "MinCutOptions": ".fx.policy",
+    "RegionOutcome": ".budget.regions",
+    "region_memory_budget": ".fx.regions",
+    "NodeDecision": ".report.report",
+    "PartitionReport": ".report.report",
+    "node_nbytes": ".fx.sizes",
+    "saved_activation_bytes": ".fx.sizes",
+    "solve_min_cut": ".fx.solve",
 }
 
 __all__ = [
@@ -144,7 +146,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC_SUBMODULES:
-        value: Any = importlib.import_module(f".{name}", __name__)
+        value: Any = importlib.import_module(_PUBLIC_SUBMODULES[name], __name__)
     elif name in _LAZY_ATTRIBUTES:
         value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name], __name__), name)
     else:
@@ -158,17 +160,17 @@ def __dir__() -> list[str]:
 
 
 class _PublicNamesWin(types.ModuleType):
-    """Keeps ``aot_partition.classify`` the function, as the eager imports did.
+    """Keeps ``aot_partition.fx.classify`` the function, as the eager imports did.
 
     Importing a submodule binds it on its package; the submodule ``classify`` would then hide
     the public function of the same name whenever another module imported it first.
     """
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if (isinstance(value, types.ModuleType) and name in _LAZY_ATTRIBUTES
-                and value.__name__ == f"{__name__}.{name}"):
-            return  # a submodule named like a public name it defines: the name stays lazy
+        if isinstance(value, types.ModuleType) and name in _LAZY_ATTRIBUTES:
+            return  # a (moved) submodule named like a public name: the name stays lazy
         super().__setattr__(name, value)
 
 
 sys.modules[__name__].__class__ = _PublicNamesWin
+_moved.install()

@@ -22,9 +22,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import spmd
-from .budget import BudgetSearch, validate_memory_budget
-from .caps import (
+from .budget.caps import (
     Cap,
     SimulatedPeak,
     activation_bytes,
@@ -36,24 +34,26 @@ from .caps import (
     validate_peak_bytes,
     within_caps,
 )
-from .checkpoint_split import split_tagged_joint
-from .classify import NodeInfo, classify
+from .budget.reference import ReferenceCheck, check_against_reference
+from .budget.regions import RegionOutcome, choose_with_regions
+from .budget.search import BudgetSearch, validate_memory_budget
 from .config import PartitionConfig
 from .errors import UnreachableMemoryBudgetError
-from .estimators import measure_profile, profile_key
-from .extract import default_saved_values, extract_forward_backward
-from .graph_modules import make_graph_module
-from .pareto import ParetoPoint, sweep, write_pareto_png
-from .passes import has_recomputable_ops
-from .policy import MinCutOptions, active_rule_names
-from .prepare import prepared_joint
-from .reference import ReferenceCheck, check_against_reference
-from .region_budget import RegionOutcome, choose_with_regions
-from .regions import Regions, find_regions
-from .report import PartitionReport, build_report, default_partition_report, log_report
-from .sizes import node_nbytes
-from .solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
-from .trace import trace_partition
+from .fx import spmd
+from .fx.checkpoint_split import split_tagged_joint
+from .fx.classify import NodeInfo, classify
+from .fx.estimators import measure_profile, profile_key
+from .fx.extract import default_saved_values, extract_forward_backward
+from .fx.graph_modules import make_graph_module
+from .fx.passes import has_recomputable_ops
+from .fx.policy import MinCutOptions, active_rule_names
+from .fx.prepare import prepared_joint
+from .fx.regions import Regions, find_regions
+from .fx.sizes import node_nbytes
+from .fx.solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
+from .report.pareto import ParetoPoint, sweep, write_pareto_png
+from .report.report import PartitionReport, build_report, default_partition_report, log_report
+from .report.trace import trace_partition
 
 log = logging.getLogger(__name__)
 

@@ -486,7 +486,7 @@ def _graph_label(args: argparse.Namespace, index: int, count: int) -> str:
 
 def _pareto(args: argparse.Namespace) -> int:
     from aot_partition import PartitionConfig, memory_budget_pareto
-    from aot_partition.pareto import DEFAULT_BUDGETS, plot_peak_front
+    from aot_partition.report.pareto import DEFAULT_BUDGETS, plot_peak_front
 
     budgets = list(args.budgets if args.budgets is not None else DEFAULT_BUDGETS)
     estimator = PartitionConfig.from_flags().runtime_estimator
@@ -529,7 +529,7 @@ def _progress(args: argparse.Namespace, label: str) -> Any:
 def _torch_front(joint: Any, budgets: Sequence[float], estimator: str, progress: Any
                  ) -> list[Any] | None:
     """torch's min-cut partition of the same joint at each budget, scored like ours
-    (``aot_partition.pareto.score_partition``); None when torch's partitioner is missing or
+    (``aot_partition.report.pareto.score_partition``); None when torch's partitioner is missing or
     fails (said on stderr: the comparison is optional)."""
     import copy
 
@@ -540,7 +540,7 @@ def _torch_front(joint: Any, budgets: Sequence[float], estimator: str, progress:
         print(f"{PROG}: torch's partitioner is not available ({error}); plotting ours only",
               file=sys.stderr)
         return None
-    from aot_partition.pareto import score_partition
+    from aot_partition.report.pareto import score_partition
 
     points = []
     try:

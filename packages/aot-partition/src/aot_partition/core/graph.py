@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InfeasibleMinCutError
+from ..errors import InfeasibleMinCutError
 from .mincut import FlowNetwork, MinCut, get_solver, infinite_path
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
+from ..config import PartitionConfig
+from ..core.graph import CorePartition
+from ..core.mincut import MinCut, MinCutSolver, get_solver
 from .classify import NodeInfo, OpTypes, default_op_types
-from .config import PartitionConfig
-from .core import CorePartition
-from .mincut import MinCut, MinCutSolver, get_solver
 from .network import NetworkMemo, cut_fx_graph
 from .policy import MinCutOptions, PolicyContext
 
@@ -39,7 +39,7 @@ def selected_solver(name: str | None = None) -> tuple[str, MinCutSolver]:
     try:
         return name, get_solver(name)
     except ModuleNotFoundError as exc:
-        if name == "scipy" and exc.name in ("aot_partition.mincut_scipy", "scipy"):
+        if name == "scipy" and exc.name in ("aot_partition.core.mincut_scipy", "scipy"):
             return "networkx", get_solver("networkx")
         raise
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .spmd import milp_limits, stopped_by_limit
+from .milp_limits import milp_limits, stopped_by_limit
 
 log = logging.getLogger(__name__)
 
@@ -175,19 +175,20 @@ def _better(a: SaveOrRecomputeAnswer, b: SaveOrRecomputeAnswer) -> bool:
 
 
 def solve_save_or_recompute(problem: SaveOrRecompute, *, time_limit_s: float | None = None,
-                            reference: SaveOrRecomputeAnswer | None = None
-                            ) -> SaveOrRecomputeAnswer | None:
+                            reference: SaveOrRecomputeAnswer | None = None,
+                            deterministic: bool = False) -> SaveOrRecomputeAnswer | None:
     """The cheapest save-or-recompute choice (see module doc): the MILP's answer, or
     ``reference`` when that is within the capacity and no worse. None when neither exists
     (HiGHS found no feasible answer in time and there is no fitting reference) or there is no
-    forward node. ``time_limit_s`` defaults to ``ILP_GRAPH_TIME_LIMIT_S``."""
+    forward node. ``time_limit_s`` defaults to ``ILP_GRAPH_TIME_LIMIT_S``; ``deterministic``
+    turns it into a node limit (see milp_limits.py)."""
     limit = ILP_GRAPH_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
     if not limit > 0 or math.isnan(limit):
         raise ValueError(f"ilp_graph time limit must be a positive number of seconds, "
                          f"got {time_limit_s!r}")
     if problem.num_forward == 0:
         return None
-    found = _solve_milp(problem, limit)
+    found = _solve_milp(problem, limit, deterministic)
     if reference is not None and not fits(problem, reference):
         log.debug("ilp_graph: the reference saves %.0f bytes, over the capacity %.0f",
                   reference.saved_bytes, problem.capacity)
@@ -205,7 +206,8 @@ def solve_save_or_recompute(problem: SaveOrRecompute, *, time_limit_s: float | N
     return found
 
 
-def _solve_milp(problem: SaveOrRecompute, time_limit_s: float) -> SaveOrRecomputeAnswer | None:
+def _solve_milp(problem: SaveOrRecompute, time_limit_s: float,
+                deterministic: bool) -> SaveOrRecomputeAnswer | None:
     """HiGHS's answer, re-evaluated (the least recomputation its saved set needs); None when it
     found no feasible one."""
     # scipy.optimize takes seconds to import: only when the solver runs.
@@ -219,7 +221,7 @@ def _solve_milp(problem: SaveOrRecompute, time_limit_s: float) -> SaveOrRecomput
     cost = np.concatenate([save_cost[:n], recompute_cost, save_cost[n:]])
     start = time.perf_counter()
     result = milp(c=cost, constraints=constraints, integrality=np.ones(cost.shape[0]),
-                  bounds=bounds, options={**milp_limits(time_limit_s), "mip_rel_gap": 1e-6})
+                  bounds=bounds, options={**milp_limits(time_limit_s, deterministic=deterministic), "mip_rel_gap": 1e-6})
     elapsed = time.perf_counter() - start
     gap = getattr(result, "mip_gap", None)
     gap = None if gap is None else float(gap)

@@ -199,7 +199,7 @@ def _cuda_numbers(index: int) -> DeviceNumbers:
     found = lookup(name) if name is not None else None
     if found is None:
         log.warning("roofline: CUDA device %r is not in the table; using %s (override with "
-                    "aot_partition.roofline.set_device_numbers)", name, CONSERVATIVE_CUDA.name)
+                    "aot_partition.fx.roofline.set_device_numbers)", name, CONSERVATIVE_CUDA.name)
         return CONSERVATIVE_CUDA
     log.info("roofline: CUDA device %r uses the %r numbers", name, found.name)
     return found
@@ -208,7 +208,7 @@ def _cuda_numbers(index: int) -> DeviceNumbers:
 @functools.lru_cache(None)
 def _log_fallback_once(device_type: str) -> None:
     log.warning("roofline: no numbers for device type %r; using %s (override with "
-                "aot_partition.roofline.set_device_numbers)", device_type, CONSERVATIVE_CPU.name)
+                "aot_partition.fx.roofline.set_device_numbers)", device_type, CONSERVATIVE_CPU.name)
 
 
 def device_numbers(device: torch.device) -> DeviceNumbers:

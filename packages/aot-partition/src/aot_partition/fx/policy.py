@@ -23,9 +23,9 @@ import torch
 import torch.fx as fx
 from torch._higher_order_ops.effects import has_effects
 
+from ..config import MinCutOptions, PartitionConfig
 from .classify import FAR_FROM_BACKWARD, NodeInfo, OpTypes
 from .collectives import COLLECTIVE_REASON, is_collective
-from .config import MinCutOptions, PartitionConfig
 from .joint import aten_packet, is_random
 from .passes.recompute_tags import must_recompute, must_save
 from .passes.rng import replay_obstacle

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import torch.fx as fx
 
-from .config import PartitionConfig
+from ..config import PartitionConfig
 from .joint import ancestors_within, check_topological_order, forward_and_backward_outputs
 from .passes import (
     cleanup_recompute_tags,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import os
 
+from ..fx.memory import KINDS, MemoryTimeline
 from .draw import _require
-from .memory import KINDS, MemoryTimeline
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch.fx as fx
 
-from .config import PartitionConfig
+from ..config import PartitionConfig
 
 log = logging.getLogger(__name__)
 

@@ -24,15 +24,15 @@ from typing import Any, Protocol
 
 import torch.fx as fx
 
-from . import memory
-from .budget import BudgetSearch, needed_by_backward
-from .caps import SimulatedPeak, recompute_estimate
-from .classify import classify
-from .config import PartitionConfig
+from ..budget.caps import SimulatedPeak, recompute_estimate
+from ..budget.search import BudgetSearch, needed_by_backward
+from ..config import PartitionConfig
+from ..fx import memory
+from ..fx.classify import classify
+from ..fx.estimators import check_estimator
+from ..fx.prepare import prepared_joint
+from ..fx.sizes import node_nbytes
 from .draw import plot_pareto
-from .estimators import check_estimator
-from .prepare import prepared_joint
-from .sizes import node_nbytes
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import torch.fx as fx
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import py_sym_types
 
+from ..errors import MissingMetadataError
 from ._compat import optimization_hint, saved_output_desc_type
-from .errors import MissingMetadataError
 
 # Stand-in size for unbacked symbols that have no hint (as torch's partitioner uses).
 UNBACKED_FALLBACK = 4096

@@ -29,19 +29,19 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .budget import (
+from ..core.knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
+from ..errors import UnreachableMemoryBudgetError
+from ..fx.estimators import estimate_runtime
+from ..fx.joint import is_backward_state
+from ..fx.regions import RegionBudget, Regions
+from ..fx.sizes import node_nbytes
+from .search import (
     BudgetSearch,
     needed_by_backward,
     recompute_candidates,
     recompute_savings,
 )
-from .budget import _storage_key as storage_key
-from .errors import UnreachableMemoryBudgetError
-from .estimators import estimate_runtime
-from .joint import is_backward_state
-from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
-from .regions import RegionBudget, Regions
-from .sizes import node_nbytes
+from .search import _storage_key as storage_key
 
 log = logging.getLogger(__name__)
 

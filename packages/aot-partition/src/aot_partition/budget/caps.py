@@ -24,15 +24,19 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
-from . import memory
-from .budget import BudgetSearch
-from .errors import UnreachableMemoryBudgetError
-from .estimators import estimate_runtime
-from .extract import backward_live_nodes, extract_forward_backward_graphs, is_assert_only_symbool
-from .joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
-from .passes import reorder_backward, replay_random_ops
-from .passes.rng import device_of, rng_state_nbytes
-from .sizes import node_nbytes
+from ..errors import UnreachableMemoryBudgetError
+from ..fx import memory
+from ..fx.estimators import estimate_runtime
+from ..fx.extract import (
+    backward_live_nodes,
+    extract_forward_backward_graphs,
+    is_assert_only_symbool,
+)
+from ..fx.joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from ..fx.passes import reorder_backward, replay_random_ops
+from ..fx.passes.rng import device_of, rng_state_nbytes
+from ..fx.sizes import node_nbytes
+from .search import BudgetSearch
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 
 import torch.fx as fx
 
-from .budget import BudgetSearch
 from .caps import CutMeasure, SimulatedPeak
+from .search import BudgetSearch
 
 log = logging.getLogger(__name__)
 

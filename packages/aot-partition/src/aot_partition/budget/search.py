@@ -37,18 +37,19 @@ from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .classify import FAR_FROM_BACKWARD, NodeInfo
-from .config import PartitionConfig
-from .estimators import check_estimator, estimate_runtime
-from .extract import used_backward_inputs
-from .ilp_graph import SaveOrRecompute, evaluate, solve_save_or_recompute
-from .joint import is_bwd_seed_offset, is_random, is_tangent
-from .knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
-from .network import NetworkMemo
-from .passes.rng import device_of, rng_state_nbytes
-from .policy import MinCutOptions, never_released
-from .sizes import is_opaque, node_nbytes
-from .solve import MinCutSolution, solve_min_cut_detailed
+from ..config import PartitionConfig
+from ..core.ilp_graph import SaveOrRecompute, evaluate, solve_save_or_recompute
+from ..core.knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
+from ..fx import spmd
+from ..fx.classify import FAR_FROM_BACKWARD, NodeInfo
+from ..fx.estimators import check_estimator, estimate_runtime
+from ..fx.extract import used_backward_inputs
+from ..fx.joint import is_bwd_seed_offset, is_random, is_tangent
+from ..fx.network import NetworkMemo
+from ..fx.passes.rng import device_of, rng_state_nbytes
+from ..fx.policy import MinCutOptions, never_released
+from ..fx.sizes import is_opaque, node_nbytes
+from ..fx.solve import MinCutSolution, solve_min_cut_detailed
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +443,8 @@ def ilp_graph_saved_values(search: BudgetSearch, memory_budget: float, *,
         kept = set(reference)
         baseline = evaluate(problem, np.array([node in kept for node in forward], dtype=bool),
                             np.array([node in kept for node in graph_inputs], dtype=bool))
-    answer = solve_save_or_recompute(problem, reference=baseline, time_limit_s=time_limit_s)
+    answer = solve_save_or_recompute(problem, reference=baseline, time_limit_s=time_limit_s,
+                                     deterministic=spmd.deterministic_limits())
     if answer is not None and optimal_only and answer.time_limited:
         log.info("ilp_graph: at budget %.3f the dp answer is used (no proven optimum in time)",
                  memory_budget)

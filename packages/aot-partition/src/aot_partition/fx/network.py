@@ -25,8 +25,8 @@ import torch.fx as fx
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
 
-from .core import CoreGraph, CoreNode, CorePartition, partition
-from .errors import PartitionError
+from ..core.graph import CoreGraph, CoreNode, CorePartition, partition
+from ..errors import PartitionError
 from .joint import is_bwd_seed_offset, is_fwd_seed_offset, is_primal, is_random, is_tangent
 from .passes.recompute_tags import RECOMPUTE_POLICIES
 from .policy import PolicyContext, RuleAnswers, graph_wide_bans, is_effectful

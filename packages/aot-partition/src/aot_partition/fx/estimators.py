@@ -40,10 +40,10 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ..config import PartitionConfig, collective_bandwidth_gbps
 from . import spmd
 from ._compat import check_real_tensors, real_kernels
 from .collectives import collective_seconds, is_collective
-from .config import PartitionConfig, collective_bandwidth_gbps
 from .roofline import is_matmul_like, roofline_seconds, settings_version
 from .sizes import size_hint
 

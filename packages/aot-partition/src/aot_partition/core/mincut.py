@@ -78,7 +78,7 @@ SOLVERS: dict[str, MinCutSolver] = {"networkx": networkx_min_cut}
 
 # Solvers that live in optional modules: name -> (module, attribute), imported on first use.
 LAZY_SOLVERS: dict[str, tuple[str, str]] = {
-    "scipy": ("aot_partition.mincut_scipy", "scipy_min_cut"),
+    "scipy": ("aot_partition.core.mincut_scipy", "scipy_min_cut"),
 }
 
 

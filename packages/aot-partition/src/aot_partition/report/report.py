@@ -15,16 +15,16 @@ import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .classify import NodeInfo
-from .config import PartitionConfig
-from .joint import is_primal
-from .passes.rng import RNG_STATE_PREFIX
-from .sizes import is_opaque, node_nbytes
+from ..config import PartitionConfig
+from ..fx.classify import NodeInfo
+from ..fx.joint import is_primal
+from ..fx.passes.rng import RNG_STATE_PREFIX
+from ..fx.sizes import is_opaque, node_nbytes
 
 if TYPE_CHECKING:
-    from .reference import ReferenceCheck
-    from .region_budget import RegionOutcome
-    from .solve import MinCutSolution
+    from ..budget.reference import ReferenceCheck
+    from ..budget.regions import RegionOutcome
+    from ..fx.solve import MinCutSolution
 
 log = logging.getLogger(__name__)
 

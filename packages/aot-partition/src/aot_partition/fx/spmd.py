@@ -17,9 +17,9 @@ default on; ``PartitionConfig.agree_across_ranks``):
   ("flops", "roofline", "testing") need nothing: they are deterministic by construction.
 - **MILP time limits** (HiGHS in the "ilp_graph" solver and the reference check's exact
   candidate): a wall-clock limit stops each rank at a different point. With more than one rank
-  the limit becomes a node limit (``MILP_NODES_PER_SECOND`` branch-and-bound nodes per second
+  the limit becomes a node limit (core/milp_limits.py's ``MILP_NODES_PER_SECOND`` nodes per second
   of it), a deterministic amount of work: the same answer on every rank, whatever its speed
-  (``milp_limits``; ``stopped_by_limit`` reads either stop as "not proven optimal").
+  (``deterministic_limits``).
 
 Cost: nothing unless the "profile" estimator is in use (as the estimator or the reference
 estimator) at a budget that needs runtimes (below 1.0, or a byte cap). Then, per compiled
@@ -48,7 +48,6 @@ import contextlib
 import contextvars
 import hashlib
 import logging
-import math
 import re
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,28 +56,25 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..config import PartitionConfig
+from ..errors import PartitionDisagreementError
 from .collectives import is_collective
-from .config import PartitionConfig
-from .errors import PartitionDisagreementError
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MILP_NODES_PER_SECOND",
     "Agreement",
     "PartitionDisagreementError",
     "agreed_runtime",
     "check_saved_agreement",
-    "milp_limits",
+    "deterministic_limits",
     "multi_rank",
     "rank_agreement",
-    "stopped_by_limit",
 ]
 
 # On many ranks a MILP's time limit becomes this many HiGHS branch-and-bound nodes per second
 # of it (about what a 500-node save-or-recompute MILP explores per second on a busy 2-core VM):
 # 10 s -> 2,000 nodes, the reference check's 2 s -> 400.
-MILP_NODES_PER_SECOND = 200
 _HASH_BITS = 62  # fits an int64, and so does its negation
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _DIFFERENT_GRAPHS_HINT = ("the 'profile' estimator's times cannot be agreed. Ranks that compile "
@@ -225,23 +221,11 @@ def profile_agreed() -> bool:
     return agreement is not None and agreement.profile_ms is not None
 
 
-def milp_limits(time_limit_s: float) -> dict[str, float | int]:
-    """scipy ``milp`` options bounding one solve: ``time_limit_s`` seconds on one rank; under a
-    rank agreement ``MILP_NODES_PER_SECOND * time_limit_s`` branch-and-bound nodes instead
-    (deterministic work, the same on every rank; no limit for an infinite time limit)."""
+def deterministic_limits() -> bool:
+    """Whether MILPs must stop on node limits (the same work on every rank) instead of
+    wall-clock limits: under a rank agreement."""
     agreement = _CURRENT.get()
-    if agreement is None or not agreement.deterministic_limits:
-        return {"time_limit": time_limit_s}
-    if not math.isfinite(time_limit_s):
-        return {}
-    return {"node_limit": max(1, round(MILP_NODES_PER_SECOND * time_limit_s))}
-
-
-def stopped_by_limit(status: int, message: str) -> bool:
-    """Whether scipy's ``milp`` stopped on a limit before proving optimality: status 1 (time
-    or iteration limit), or HiGHS's "Solution limit reached" (its node limit), which scipy
-    reports as status 4 with that text."""
-    return status == 1 or (status == 4 and "limit reached" in message.lower())
+    return agreement is not None and agreement.deterministic_limits
 
 
 # ---- the fingerprint check ------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.fx.experimental._backward_state import BackwardState
 
-from .errors import GraphCycleError
+from ..errors import GraphCycleError
 
 # ---- placeholders ----------------------------------------------------------------------------
 
