@@ -144,11 +144,31 @@ __all__ = [
 ]
 
 
+# The torch.fx front end's names need torch, which the core does not: it is an extra.
+FX_EXTRA_HINT = ("aot_partition.{name} needs torch (the torch.fx front end): pip install "
+                 "'aot-partition[fx]'. The core, aot_partition.core, needs no torch.")
+
+
+def _torch_importable() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC_SUBMODULES:
         value: Any = importlib.import_module(_PUBLIC_SUBMODULES[name], __name__)
     elif name in _LAZY_ATTRIBUTES:
-        value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name], __name__), name)
+        try:
+            module = importlib.import_module(_LAZY_ATTRIBUTES[name], __name__)
+        except ImportError as error:
+            if _torch_importable():
+                raise
+            raise ImportError(FX_EXTRA_HINT.format(name=name)) from error
+        value = getattr(module, name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # later reads skip __getattr__

@@ -48,6 +48,7 @@ from .graph import (
     partition,
 )
 from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
+from .report import CoreReport, core_report
 from .timeline import CoreMemoryTimeline, simulate_memory
 
 log = logging.getLogger(__name__)
@@ -123,11 +124,11 @@ class BudgetedPartition:
     def peak_bytes(self) -> int:
         return self.timeline.peak_bytes
 
-    def report(self) -> Any:
-        """The per-node report in core terms (``report.CoreReport``)."""
-        from .report import core_report
-
-        return core_report(self)
+    def report(self) -> CoreReport:
+        """The per-node report in core terms."""
+        return core_report(self.partition, budget=self.budget.describe(), chosen=self.label,
+                           saved_bytes=self.saved_bytes, peak_bytes=self.peak_bytes,
+                           recompute_runtime=self.recompute_runtime, released=self.released)
 
 
 def _budget(fraction: float | None, max_saved_bytes: int | None,

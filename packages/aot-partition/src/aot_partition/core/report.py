@@ -1,19 +1,16 @@
 """What a budgeted partition did, per node, in the core's words (no fx vocabulary).
 
-``core_report(answer)`` turns a ``budget.BudgetedPartition`` into a ``CoreReport``: the budget
-that was given, the candidate cut chosen, its saved bytes, simulated peak and recompute runtime,
-and one row per node (saved, recomputed, forward or backward, the ban it had, and why).
+``core_report`` (what ``budget.BudgetedPartition.report()`` calls) builds a ``CoreReport``: the
+budget that was given, the candidate cut chosen, its saved bytes, simulated peak and recompute
+runtime, and one row per node (saved, recomputed, forward or backward, the ban it had, and why).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .graph import RECOMPUTED
-
-if TYPE_CHECKING:
-    from .budget import BudgetedPartition
+from .graph import RECOMPUTED, CorePartition
 
 __all__ = ["CoreNodeReport", "CoreReport", "core_report"]
 
@@ -49,15 +46,17 @@ class CoreReport:
         return "\n".join(lines)
 
 
-def core_report(answer: BudgetedPartition) -> CoreReport:
+def core_report(result: CorePartition, *, budget: str, chosen: str, saved_bytes: int,
+                peak_bytes: int, recompute_runtime: float,
+                released: Mapping[str, str]) -> CoreReport:
+    """The report of ``result``; ``released``: id -> the ban the budget lifted."""
     rows = []
-    for node_id, decision in answer.partition.decisions.items():
+    for node_id, decision in result.decisions.items():
         reason, ban = decision.reason, decision.ban
-        lifted = answer.released.get(node_id)
+        lifted = released.get(node_id)
         if lifted is not None:
             ban = lifted
             if decision.kind == RECOMPUTED:
                 reason = f"recomputed in backward: the budget lifted its ban ({lifted})"
         rows.append(CoreNodeReport(node_id, decision.kind, reason, ban))
-    return CoreReport(answer.budget.describe(), answer.label, answer.saved_bytes,
-                      answer.peak_bytes, answer.recompute_runtime, tuple(rows))
+    return CoreReport(budget, chosen, saved_bytes, peak_bytes, recompute_runtime, tuple(rows))
