@@ -111,6 +111,16 @@ def test_fraction_sweep_is_monotone_and_deterministic(knapsack):
     assert again == [a.saved for a in answers]
 
 
+def test_recompute_runtime_is_the_decisions_one():
+    # The budget sums runtimes without building every decision; the decisions must agree.
+    for graph in (mlp(), two_branches(100.0, 1.0), peaky()):
+        for fraction in (0.0, 0.25, 0.75, 1.0):
+            answer = partition_under_budget(graph, fraction=fraction)
+            decided = sum(graph.nodes[graph.index[i]].runtime
+                          for i, d in answer.partition.decisions.items() if d.kind == "recomputed")
+            assert answer.recompute_runtime == decided
+
+
 def test_byte_cap_sweep_is_monotone_and_names_the_least_reachable():
     graph = two_branches(100.0, 1.0)
     answers = [partition_under_budget(graph, max_saved_bytes=cap) for cap in range(16, 140, 4)]

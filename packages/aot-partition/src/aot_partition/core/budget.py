@@ -37,7 +37,6 @@ import numpy as np
 from ..errors import UnreachableMemoryBudgetError
 from .graph import (
     CATEGORY_BANS,
-    RECOMPUTED,
     CoreGraph,
     CoreGraphError,
     CoreNode,
@@ -160,6 +159,9 @@ class _Search:
                  knapsack: str, options: dict[str, Any]) -> None:
         self.graph, self.release, self.knapsack, self.options = graph, list(release), knapsack, \
             options
+        self.runtimes = np.array([node.runtime for node in graph.nodes], dtype=np.float64)
+        self.forward_only = np.array([node.forward and not node.in_backward
+                                      for node in graph.nodes], dtype=bool)
         costs = default_save_costs(graph, recompute_views=options["recompute_views"],
                                    parameters_are_free=options["parameters_are_free"])
         bannable = graph.structure.bannable
@@ -181,9 +183,7 @@ class _Search:
     def _candidate(self, label: str, rank: int, released: tuple[str, ...]) -> _Candidate:
         result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
                            **self.options)
-        runtime = float(sum(self.graph.nodes[i].runtime
-                            for i, d in enumerate(result.decisions.values())
-                            if d.kind == RECOMPUTED))
+        runtime = float(self.runtimes[_recomputed(result, self.forward_only)].sum())
         return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
                           runtime)
 
@@ -219,6 +219,28 @@ class _Search:
         candidates = self.candidates()
         everything = candidates[1] if len(candidates) > 1 else candidates[0]
         return everything.saved_bytes, self.optimal.saved_bytes
+
+
+def _recomputed(result: CorePartition, forward_only: np.ndarray) -> np.ndarray:
+    """Mask of the nodes ``result`` recomputes (its decisions' "recomputed"), without building
+    every decision: forward nodes, not saved, whose input half reaches the sink over uncut
+    edges (a breadth-first search on the reversed network)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order
+
+    network = result.network
+    kept = np.ones(network.num_edges, dtype=bool)
+    kept[result.cut.cut_edges(network)] = False
+    n = network.num_nodes
+    reversed_kept = csr_matrix((np.ones(int(kept.sum()), dtype=np.int8),
+                                (network.heads[kept], network.tails[kept])), shape=(n, n))
+    reaches = np.zeros(n, dtype=bool)
+    reaches[breadth_first_order(reversed_kept, network.sink, directed=True,
+                                return_predecessors=False)] = True
+    count = len(result.graph.nodes)
+    mask = reaches[2 + 2 * np.arange(count)]
+    mask[result.saved_indices] = False
+    return mask & forward_only
 
 
 def _never_released(node: CoreNode) -> bool:
