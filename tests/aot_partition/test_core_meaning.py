@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 from aot_partition.core import (
     CoreGraph,
@@ -129,8 +130,9 @@ def test_from_dicts_checks_like_the_constructor():
     assert message(lambda: CoreGraph.from_dicts([*records, {"id": "y", "input": ["x"]}])) == (
         "node 'y' has unknown key 'input'; valid keys: id, inputs, nbytes, category, forward, "
         "backward, in_backward, runtime, ban, allow_recompute, must_recompute, save_cost")
-    assert message(lambda: CoreGraph.from_dicts([{"inputs": []}])).startswith(
-        "node 0 has no 'id'; valid keys: id, inputs,")
+    assert message(lambda: CoreGraph.from_dicts([{"inputs": []}])) == (
+        "node 0 has no 'id'; valid keys: id, inputs, nbytes, category, forward, backward, "
+        "in_backward, runtime, ban, allow_recompute, must_recompute, save_cost")
     assert message(lambda: CoreGraph.from_dicts(["x"])) == (
         "node 0 is a str; each node is a dict of CoreNode fields")
     assert message(lambda: CoreGraph.from_dicts({"id": "x"})) == (
@@ -146,6 +148,7 @@ def test_json_round_trip(tmp_path):
         *nodes(),
         CoreNode("meta", ("x",), category="opaque", forward=True, save_cost=math.inf,
                  ban="side effect"),
+        CoreNode("size", ("x",), nbytes=np.int64(8), category="symbolic", forward=True),
     ))
     text = dump_core_graph(graph)
     assert load_core_graph(text) == graph

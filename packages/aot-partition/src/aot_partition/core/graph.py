@@ -37,7 +37,7 @@ import functools
 import logging
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -367,8 +367,8 @@ def check_release(graph: CoreGraph, release: Collection[str]) -> list[str]:
 
 # ---- loading from plain dicts ------------------------------------------------------------
 
-NODE_FIELDS = ("id", "inputs", "nbytes", "category", "forward", "backward", "in_backward",
-               "runtime", "ban", "allow_recompute", "must_recompute", "save_cost")
+NODE_FIELDS = tuple(f.name for f in fields(CoreNode))
+_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(CoreNode)}
 
 
 def _node_from_dict(position: int, record: object) -> CoreNode:
@@ -389,14 +389,10 @@ def _node_to_dict(node: CoreNode) -> dict[str, Any]:
     for name in NODE_FIELDS[1:]:
         value = getattr(node, name)
         if value != _FIELD_DEFAULTS[name]:
-            found[name] = list(value) if name == "inputs" else value
+            # JSON-ready: a list of ids, a plain int (a numpy integer is a valid nbytes).
+            found[name] = list(value) if name == "inputs" else int(value) if name == "nbytes" \
+                else value
     return found
-
-
-_FIELD_DEFAULTS: dict[str, Any] = {
-    "inputs": (), "nbytes": 0, "category": "other", "forward": False, "backward": False,
-    "in_backward": False, "runtime": 0.0, "ban": None, "allow_recompute": False,
-    "must_recompute": False, "save_cost": None}
 
 
 def _find_cycle(nodes: tuple[CoreNode, ...], index: Mapping[str, int]) -> list[str] | None:
