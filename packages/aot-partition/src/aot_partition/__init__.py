@@ -7,7 +7,8 @@ signature. Flags come from ``aot_config.functorch``, read once per call into a
 
 Attributes are loaded on first use (PEP 562): ``import aot_partition.core`` (the graph-agnostic
 min-cut, numpy/scipy only) loads no torch; the torch.fx front end is imported only when one of
-its names is first read.
+its names is first read. torch is the extra ``fx`` (``pip install 'aot-partition[fx]'``): without
+it, reading a front-end name raises ImportError saying so.
 """
 
 from __future__ import annotations
