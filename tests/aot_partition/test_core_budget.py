@@ -12,6 +12,7 @@ from aot_partition.core import (
     partition_under_budget,
     simulate_memory,
 )
+from aot_partition.core.timeline import decision_kinds
 from aot_partition.errors import UnreachableMemoryBudgetError
 
 
@@ -111,14 +112,33 @@ def test_fraction_sweep_is_monotone_and_deterministic(knapsack):
     assert again == [a.saved for a in answers]
 
 
-def test_recompute_runtime_is_the_decisions_one():
-    # The budget sums runtimes without building every decision; the decisions must agree.
+def test_recompute_runtime_and_kinds_are_the_decisions_ones():
+    # The budget and the timeline read kinds without building every decision: they must agree.
     for graph in (mlp(), two_branches(100.0, 1.0), peaky()):
         for fraction in (0.0, 0.25, 0.75, 1.0):
             answer = partition_under_budget(graph, fraction=fraction)
-            decided = sum(graph.nodes[graph.index[i]].runtime
-                          for i, d in answer.partition.decisions.items() if d.kind == "recomputed")
+            decisions = answer.partition.decisions.values()
+            assert decision_kinds(answer.partition) == [d.kind for d in decisions]
+            decided = sum(graph.nodes[graph.index[d.id]].runtime for d in decisions
+                          if d.kind == "recomputed")
             assert answer.recompute_runtime == decided
+
+
+def test_front_end_bans_are_lifted_by_the_budget_category_bans_never():
+    # Without runtimes, a's own ban and b's call ban keep them saved at 1.0; 0.0 lifts both.
+    nodes = list(two_branches(0.0, 0.0).nodes)
+    nodes[1] = CoreNode("a", ("x",), nbytes=64, category="other", forward=True, ban="slow op")
+    top = partition_under_budget(nodes, fraction=1.0, bans={"b": "slow too"})
+    assert top.saved == ("a", "b")
+    bottom = partition_under_budget(nodes, fraction=0.0, bans={"b": "slow too"})
+    assert bottom.saved == ("x",)
+    assert bottom.released == {"a": "slow op", "b": "slow too"}
+    # Twin: a random op's category ban is never lifted, so it stays saved at 0.0.
+    nodes[1] = CoreNode("a", ("x",), nbytes=64, category="random", forward=True)
+    assert partition_under_budget(nodes, fraction=0.0).partition.banned == {
+        "x": "primal input",
+        "a": "random op: recomputing costs a second draw and a saved RNG state"}
+    assert "a" in partition_under_budget(nodes, fraction=0.0).saved
 
 
 def test_byte_cap_sweep_is_monotone_and_names_the_least_reachable():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ from .graph import (
 )
 from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
 from .report import CoreReport, core_report
-from .timeline import CoreMemoryTimeline, simulate_memory
+from .timeline import CoreMemoryTimeline, decision_kinds, simulate_memory
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +160,6 @@ class _Search:
         self.graph, self.release, self.knapsack, self.options = graph, list(release), knapsack, \
             options
         self.runtimes = np.array([node.runtime for node in graph.nodes], dtype=np.float64)
-        self.forward_only = np.array([node.forward and not node.in_backward
-                                      for node in graph.nodes], dtype=bool)
         costs = default_save_costs(graph, recompute_views=options["recompute_views"],
                                    parameters_are_free=options["parameters_are_free"])
         bannable = graph.structure.bannable
@@ -183,7 +181,8 @@ class _Search:
     def _candidate(self, label: str, rank: int, released: tuple[str, ...]) -> _Candidate:
         result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
                            **self.options)
-        runtime = float(self.runtimes[_recomputed(result, self.forward_only)].sum())
+        recomputed = np.array(decision_kinds(result)) == "recomputed"
+        runtime = float(self.runtimes[recomputed].sum())
         return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
                           runtime)
 
@@ -219,28 +218,6 @@ class _Search:
         candidates = self.candidates()
         everything = candidates[1] if len(candidates) > 1 else candidates[0]
         return everything.saved_bytes, self.optimal.saved_bytes
-
-
-def _recomputed(result: CorePartition, forward_only: np.ndarray) -> np.ndarray:
-    """Mask of the nodes ``result`` recomputes (its decisions' "recomputed"), without building
-    every decision: forward nodes, not saved, whose input half reaches the sink over uncut
-    edges (a breadth-first search on the reversed network)."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import breadth_first_order
-
-    network = result.network
-    kept = np.ones(network.num_edges, dtype=bool)
-    kept[result.cut.cut_edges(network)] = False
-    n = network.num_nodes
-    reversed_kept = csr_matrix((np.ones(int(kept.sum()), dtype=np.int8),
-                                (network.heads[kept], network.tails[kept])), shape=(n, n))
-    reaches = np.zeros(n, dtype=bool)
-    reaches[breadth_first_order(reversed_kept, network.sink, directed=True,
-                                return_predecessors=False)] = True
-    count = len(result.graph.nodes)
-    mask = reaches[2 + 2 * np.arange(count)]
-    mask[result.saved_indices] = False
-    return mask & forward_only
 
 
 def _never_released(node: CoreNode) -> bool:
@@ -290,7 +267,7 @@ def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
     return min(fitting, key=lambda t: t[:4])[4]
 
 
-def partition_under_budget(graph: CoreGraph, *, fraction: float | None = None,
+def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: float | None = None,
                            max_saved_bytes: int | None = None,
                            max_peak_bytes: int | None = None, knapsack: str = "dp",
                            bans: Mapping[str, str] | None = None,
@@ -303,8 +280,8 @@ def partition_under_budget(graph: CoreGraph, *, fraction: float | None = None,
     ``release``, ``solver``, ``recompute_views`` and ``parameters_are_free`` are
     ``partition``'s. Deterministic; raises UnreachableMemoryBudgetError when no cut meets a
     cap."""
-    if not isinstance(graph, CoreGraph):
-        raise CoreGraphError(f"graph must be a CoreGraph, got {type(graph).__name__}")
+    if not isinstance(graph, CoreGraph):  # a CoreGraph keeps the search for the next budget
+        graph = CoreGraph(tuple(graph))
     budget = _budget(fraction, max_saved_bytes, max_peak_bytes)
     if knapsack not in KNAPSACK_SOLVERS:
         raise CoreGraphError(f"unknown knapsack solver {knapsack!r}; valid: "

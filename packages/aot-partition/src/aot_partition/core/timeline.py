@@ -15,9 +15,11 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
+
 from .graph import INPUT_CATEGORIES, CoreGraph, CorePartition
 
-__all__ = ["CoreMemoryTimeline", "simulate_memory"]
+__all__ = ["CoreMemoryTimeline", "decision_kinds", "simulate_memory"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,42 @@ class CoreMemoryTimeline:
     peak_at: str                      # "forward <id>", "backward <id>" or "start"
     baseline_bytes: int               # forward inputs, alive before the step
     steps: tuple[tuple[str, str, int], ...]
+
+
+def _reaches_sink(result: CorePartition) -> np.ndarray:
+    """Per node, whether its input half reaches the sink over uncut edges: what the backward
+    computes (one breadth-first search on the reversed network, in scipy)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import breadth_first_order
+
+    network = result.network
+    kept = np.ones(network.num_edges, dtype=bool)
+    kept[result.cut.cut_edges(network)] = False
+    n = network.num_nodes
+    reversed_kept = csr_matrix((np.ones(int(kept.sum()), dtype=np.int8),
+                                (network.heads[kept], network.tails[kept])), shape=(n, n))
+    reaches = np.zeros(n, dtype=bool)
+    reaches[breadth_first_order(reversed_kept, network.sink, directed=True,
+                                return_predecessors=False)] = True
+    return reaches[2 + 2 * np.arange(len(result.graph.nodes))]
+
+
+def decision_kinds(result: CorePartition) -> list[str]:
+    """Per node, its decision's kind (saved, recomputed, backward, forward) as
+    ``result.decisions`` has it, without building every decision and its reason."""
+    reaches = _reaches_sink(result).tolist()
+    saved = set(result.saved_indices.tolist())
+    kinds = []
+    for i, node in enumerate(result.graph.nodes):
+        if node.in_backward:
+            kinds.append("backward")
+        elif i in saved:
+            kinds.append("saved")
+        elif reaches[i]:
+            kinds.append("recomputed" if node.forward else "backward")
+        else:
+            kinds.append("forward")
+    return kinds
 
 
 def _topological(graph: CoreGraph) -> list[int]:
@@ -77,7 +115,7 @@ def simulate_memory(result: CorePartition) -> CoreMemoryTimeline:
     graph = result.graph
     nodes = graph.nodes
     nbytes = [int(n.nbytes) for n in nodes]
-    kinds = [d.kind for d in result.decisions.values()]
+    kinds = decision_kinds(result)
     saved = set(result.saved_indices.tolist())
     held = {i for i, n in enumerate(nodes) if n.category in INPUT_CATEGORIES
             and n.category != "tangent"}
