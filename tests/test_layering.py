@@ -133,7 +133,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("errors", "flags", "config", "_moved"),
     # core/: the graph-agnostic core on plain data (numpy/scipy only)
     ("core.milp_limits", "core.mincut", "core.mincut_scipy", "core.knapsack", "core.graph",
-     "core.ilp_graph", "core"),
+     "core.ilp_graph", "core.load", "core.timeline", "core.report", "core.budget", "core"),
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
     # collectives, the rank agreement (they may import each other; the cycle test keeps them
     # acyclic)

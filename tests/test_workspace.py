@@ -90,7 +90,8 @@ def wheels(tmp_path_factory) -> Path:
 
 
 def _clean_venv_import(wheels: Path, tmp: Path, dist: str, code: str) -> subprocess.CompletedProcess:
-    venv = tmp / f"venv-{dist}"
+    """``code`` run in a fresh venv with ``dist`` (a requirement: extras allowed) installed."""
+    venv = tmp / f"venv-{dist.replace('[', '-').rstrip(']')}"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, env=env)
     env["VIRTUAL_ENV"] = str(venv)
@@ -114,9 +115,31 @@ def test_config_wheel_installs_alone_without_torch(wheels, tmp_path):
 
 @needs_uv
 @pytest.mark.slow
-def test_partition_wheel_installs_alone(wheels, tmp_path):
+def test_partition_wheel_installs_alone_without_torch(wheels, tmp_path):
+    # The core needs no torch: the plain install has none, and an fx name says which extra.
     proc = _clean_venv_import(
         wheels, tmp_path, "aot-partition",
+        "import importlib.util, aot_partition\n"
+        "from aot_partition.core import CoreGraph, CoreNode, partition_under_budget\n"
+        "print([n for n in ('torch', 'aot_compilers', 'compiled_autograd', 'aot_pipeline') "
+        "if importlib.util.find_spec(n)])\n"
+        "graph = CoreGraph((CoreNode('x', nbytes=8, category='input', forward=True),\n"
+        "    CoreNode('g', category='tangent', in_backward=True),\n"
+        "    CoreNode('gx', ('g', 'x'), nbytes=8, in_backward=True, backward=True)))\n"
+        "print(partition_under_budget(graph, fraction=0.5).saved)\n"
+        "try:\n"
+        "    aot_partition.min_cut_rematerialization_partition\n"
+        "except ImportError as error:\n"
+        "    print('[fx]' in str(error))\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[]", "('x',)", "True"]
+
+
+@needs_uv
+@pytest.mark.slow
+def test_partition_wheel_with_the_fx_extra_installs_alone(wheels, tmp_path):
+    proc = _clean_venv_import(
+        wheels, tmp_path, "aot-partition[fx]",
         "import importlib.util, aot_partition; "
         "print([n for n in ('aot_compilers', 'compiled_autograd', 'aot_pipeline') "
         "if importlib.util.find_spec(n)]); "

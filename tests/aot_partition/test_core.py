@@ -155,7 +155,8 @@ def test_unknown_input_is_named():
 def test_cycle_is_named():
     with pytest.raises(CoreGraphError) as info:
         CoreGraph((CoreNode("a", ("c",)), CoreNode("b", ("a",)), CoreNode("c", ("b",))))
-    assert str(info.value) == "the graph has a cycle (each node reads the next): a -> c -> b -> a"
+    assert str(info.value) == ("the graph has a cycle of 3 nodes (each node reads the next): "
+                                "a -> c -> b -> a")
 
 
 def test_out_of_order_but_acyclic_is_fine():

@@ -7,7 +7,8 @@ signature. Flags come from ``aot_config.functorch``, read once per call into a
 
 Attributes are loaded on first use (PEP 562): ``import aot_partition.core`` (the graph-agnostic
 min-cut, numpy/scipy only) loads no torch; the torch.fx front end is imported only when one of
-its names is first read.
+its names is first read. torch is the extra ``fx`` (``pip install 'aot-partition[fx]'``): without
+it, reading a front-end name raises ImportError saying so.
 """
 
 from __future__ import annotations
@@ -144,11 +145,31 @@ __all__ = [
 ]
 
 
+# The torch.fx front end's names need torch, which the core does not: it is an extra.
+FX_EXTRA_HINT = ("aot_partition.{name} needs torch (the torch.fx front end): pip install "
+                 "'aot-partition[fx]'. The core, aot_partition.core, needs no torch.")
+
+
+def _torch_importable() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC_SUBMODULES:
         value: Any = importlib.import_module(_PUBLIC_SUBMODULES[name], __name__)
     elif name in _LAZY_ATTRIBUTES:
-        value = getattr(importlib.import_module(_LAZY_ATTRIBUTES[name], __name__), name)
+        try:
+            module = importlib.import_module(_LAZY_ATTRIBUTES[name], __name__)
+        except ImportError as error:
+            if _torch_importable():
+                raise
+            raise ImportError(FX_EXTRA_HINT.format(name=name)) from error
+        value = getattr(module, name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # later reads skip __getattr__

@@ -22,8 +22,14 @@ class MissingMetadataError(PartitionError):
 class InfeasibleMinCutError(PartitionError):
     """Some value must reach the backward, yet can be neither saved nor recomputed."""
 
-    def __init__(self, path: list[tuple[str, str]]) -> None:
-        # ``path``: one (fx node name or "sink", why this edge is infinite) per edge, from the
+    # What to change, in the fx front end's words (the core passes its own: CORE_HINT).
+    FX_HINT = ("Make one node on this path saveable (a tensor with meta['val']) or recomputable "
+               "(drop its ban or MUST_SAVE/MUST_RECOMPUTE annotation).")
+    CORE_HINT = ("Make one node on this path saveable (a value with a finite save cost, not "
+                 "opaque) or recomputable (release its ban or drop its must-recompute mark).")
+
+    def __init__(self, path: list[tuple[str, str]], hint: str | None = None) -> None:
+        # ``path``: one (node name or "sink", why this edge is infinite) per edge, from the
         # source on; a node appears twice when both its in- and out-half are on the path.
         self.path = path
         steps = "\n".join(f"  {name}: {why}" for name, why in path)
@@ -32,9 +38,7 @@ class InfeasibleMinCutError(PartitionError):
         super().__init__(
             "min-cut partitioning is infeasible: a value needed by the backward can be "
             "neither saved nor recomputed. Offending path of infinite-capacity edges:\n"
-            f"  {chain}\n{steps}\n"
-            "Make one node on this path saveable (a tensor with meta['val']) or recomputable "
-            "(drop its ban or MUST_SAVE/MUST_RECOMPUTE annotation)."
+            f"  {chain}\n{steps}\n" + (hint if hint is not None else self.FX_HINT)
         )
 
 

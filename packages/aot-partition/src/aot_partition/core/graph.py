@@ -37,7 +37,7 @@ import functools
 import logging
 import math
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -149,6 +149,14 @@ class CoreNode:
                                            or not self.save_cost >= 0):
             raise CoreGraphError(f"node '{self.id}' has save_cost {self.save_cost!r}; must be "
                                  ">= 0 (math.inf: cannot be saved) or None")
+        if self.category in INPUT_CATEGORIES and (self.allow_recompute or self.must_recompute):
+            flag = "allow_recompute" if self.allow_recompute else "must_recompute"
+            raise CoreGraphError(f"node '{self.id}' is an input (category '{self.category}') "
+                                 f"with {flag}=True; an input is never recomputed: drop {flag}")
+        if self.category == "tangent" and (not self.in_backward or self.forward):
+            raise CoreGraphError(f"node '{self.id}' is a tangent (an input of the backward) "
+                                 f"but forward={self.forward}, in_backward={self.in_backward}; "
+                                 "a tangent has in_backward=True and forward=False")
 
     @classmethod
     def unchecked(cls, **fields: Any) -> CoreNode:
@@ -235,6 +243,19 @@ class CoreGraph:
             object.__setattr__(self, "nodes", tuple(self.nodes))
         _validate(self.nodes, self.index)
 
+    @classmethod
+    def from_dicts(cls, records: Iterable[Mapping[str, Any]]) -> CoreGraph:
+        """A graph from plain dicts (one per node, JSON-like: ``inputs`` a list), checked like
+        the constructor; a key that is not a CoreNode field is an error naming it and the node."""
+        if isinstance(records, (str, bytes, Mapping)) or not isinstance(records, Iterable):
+            raise CoreGraphError(f"a graph is a list of node dicts, got {type(records).__name__}")
+        return cls(tuple(_node_from_dict(i, record) for i, record in enumerate(records)))
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The nodes as plain dicts (fields at their default left out); ``from_dicts`` reads
+        them back into an equal graph."""
+        return [_node_to_dict(node) for node in self.nodes]
+
     @functools.cached_property
     def index(self) -> dict[str, int]:
         """Node id -> position."""
@@ -273,7 +294,8 @@ class CoreGraph:
 
 
 def _validate(nodes: tuple[CoreNode, ...], index: Mapping[str, int]) -> None:
-    """Unknown inputs and cycles; nodes out of topological order are fine (fast path first)."""
+    """Unknown inputs, what the flags mean, and cycles; nodes out of topological order are
+    fine (fast path first)."""
     in_order = True
     for i, node in enumerate(nodes):
         for name in node.inputs:
@@ -281,14 +303,96 @@ def _validate(nodes: tuple[CoreNode, ...], index: Mapping[str, int]) -> None:
             if j is None:
                 raise CoreGraphError(f"node '{node.id}' reads unknown input '{name}'")
             in_order = in_order and j < i
+            if nodes[j].in_backward and not node.in_backward:
+                where = "forward" if node.forward else "not marked in_backward"
+                raise CoreGraphError(
+                    f"node '{node.id}' reads '{name}', a backward value, but is {where}; a "
+                    "node that reads a backward value is computed in the backward: set "
+                    "in_backward=True (and forward=False)")
         if node.in_backward and node.forward:
             raise CoreGraphError(f"node '{node.id}' is both forward and in_backward; a node "
                                  "computed in the backward cannot be needed by the forward")
+        if node.category in INPUT_CATEGORIES:
+            _check_input(node)
     if not in_order:
         cycle = _find_cycle(nodes, index)
         if cycle:
-            raise CoreGraphError(f"the graph has a cycle (each node reads the next): "
-                                 f"{' -> '.join(cycle)}")
+            raise CoreGraphError(f"the graph has a cycle of {len(cycle) - 1} nodes (each node "
+                                 f"reads the next): {_bounded_ids(cycle)}")
+
+
+_SHOWN_IDS = 10  # ids an error message lists before it counts the rest
+
+
+def _bounded_ids(ids: list[str]) -> str:
+    """``a -> b -> ...``, at most ``_SHOWN_IDS`` ids and a count of the rest: an error about
+    a 50,000-node cycle stays one line."""
+    shown = " -> ".join(ids[:_SHOWN_IDS])
+    rest = len(ids) - _SHOWN_IDS
+    return shown if rest <= 0 else f"{shown} -> ... ({rest} more)"
+
+
+def _check_input(node: CoreNode) -> None:
+    """An input (category input/parameter/seed/tangent) exists before its graph runs: it reads
+    nothing and is never recomputed; a forward input is forward, a tangent is backward."""
+    if node.inputs:
+        raise CoreGraphError(f"node '{node.id}' is an input (category '{node.category}') but "
+                             f"reads {node.inputs[0]!r}; an input reads nothing (use a compute "
+                             "category for a value computed from others)")
+    if node.must_recompute:
+        raise CoreGraphError(f"node '{node.id}' is an input (category '{node.category}') with "
+                             "must_recompute=True; an input is never recomputed")
+    if node.category != "tangent" and (not node.forward or node.in_backward):
+        raise CoreGraphError(f"node '{node.id}' is a forward input (category "
+                             f"'{node.category}') but forward={node.forward}, in_backward="
+                             f"{node.in_backward}; a forward input has forward=True and "
+                             "in_backward=False (it is saved, never recomputed)")
+
+
+def check_release(graph: CoreGraph, release: Collection[str]) -> list[str]:
+    """``release`` as a list of ids: each names a node, none an input (an input cannot be
+    recomputed, so lifting its ban would only hide a mislabelled graph)."""
+    names = _id_collection("release", release)
+    for name in names:
+        j = graph.index.get(name)
+        if j is None:
+            raise CoreGraphError(f"release names unknown node {name!r}")
+        node = graph.nodes[j]
+        if node.category in INPUT_CATEGORIES:
+            raise CoreGraphError(f"release names '{name}', an input (category "
+                                 f"'{node.category}'); inputs are never recomputed, so their "
+                                 "ban cannot be lifted")
+    return names
+
+
+# ---- loading from plain dicts ------------------------------------------------------------
+
+NODE_FIELDS = tuple(f.name for f in fields(CoreNode))
+_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(CoreNode)}
+
+
+def _node_from_dict(position: int, record: object) -> CoreNode:
+    if not isinstance(record, Mapping):
+        raise CoreGraphError(f"node {position} is a {type(record).__name__}; each node is a "
+                             "dict of CoreNode fields")
+    if "id" not in record:
+        raise CoreGraphError(f"node {position} has no 'id'; valid keys: {', '.join(NODE_FIELDS)}")
+    unknown = [key for key in record if key not in NODE_FIELDS]
+    if unknown:
+        raise CoreGraphError(f"node {record['id']!r} has unknown key {unknown[0]!r}; valid "
+                             f"keys: {', '.join(NODE_FIELDS)}")
+    return CoreNode(**record)
+
+
+def _node_to_dict(node: CoreNode) -> dict[str, Any]:
+    found: dict[str, Any] = {"id": node.id}
+    for name in NODE_FIELDS[1:]:
+        value = getattr(node, name)
+        if value != _FIELD_DEFAULTS[name]:
+            # JSON-ready: a list of ids, a plain int (a numpy integer is a valid nbytes).
+            found[name] = list(value) if name == "inputs" else int(value) if name == "nbytes" \
+                else value
+    return found
 
 
 def _find_cycle(nodes: tuple[CoreNode, ...], index: Mapping[str, int]) -> list[str] | None:
@@ -524,7 +628,7 @@ def _raise_infeasible(graph: CoreGraph, network: FlowNetwork, banned: Mapping[in
         head = network.names[int(network.heads[e])]
         steps.append((head.removesuffix("_in").removesuffix("_out"),
                       edge_reason(graph, network, banned, e)))
-    raise InfeasibleMinCutError(steps)
+    raise InfeasibleMinCutError(steps, hint=InfeasibleMinCutError.CORE_HINT)
 
 
 # ---- solving and reading the cut back ----------------------------------------------------
@@ -625,6 +729,7 @@ def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEF
             raise CoreGraphError(f"{name} must be True or False, got {value!r}")
     if not isinstance(solver, str):
         raise CoreGraphError(f"solver must be a solver name (a string), got {solver!r}")
+    check_release(graph, release)
     banned = _ban_reasons(graph, bans, release)
     network = build_network(graph, banned, recompute_views=recompute_views,
                             parameters_are_free=parameters_are_free)

@@ -78,7 +78,9 @@ def scipy_min_cut(network: FlowNetwork) -> MinCut:
     # A path of infinite edges makes every cut infinite; max-flow would overflow int32 on it.
     through_infinite = _reachable(n, tails[infinite], heads[infinite], source)
     if through_infinite[sink]:
-        log.warning("min cut: the sink is reachable from the source through infinite edges")
+        # Debug, not a warning: the caller raises an error that shows the path (no stray
+        # line on stderr before it).
+        log.debug("min cut: the sink is reachable from the source through infinite edges")
         through_infinite[sink] = False  # keep the MinCut invariant: the sink is never source-side
         return MinCut(value=math.inf, source_side=through_infinite)
 

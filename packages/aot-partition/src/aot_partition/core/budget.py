@@ -1,0 +1,299 @@
+"""Memory budgets on plain data: the cut to take under a fraction, a byte cap or a peak cap.
+
+The search, runtime-aware:
+
+1. The runtime-optimal cut recomputes nothing that has a ``runtime``: every forward node with
+   ``runtime > 0`` that may be banned is banned ("recomputing it costs runtime r"), on top of
+   the graph's own bans and the call's ``bans``. Without runtimes it is the plain min cut.
+2. The knapsack items are the bans a budget may lift: the node's own, the call's and the
+   runtime ones, of nodes that reach the backward and can be saved. Category bans (inputs,
+   seeds, effectful and random ops) are never lifted. An item weighs its bytes and is worth
+   its runtime: the knapsack keeps the costly recomputes saved and releases the cheap ones.
+3. The candidate cuts, fixed for a graph and its options: the runtime-optimal cut, the cut
+   whose released items are the knapsack's answer at each fraction i/32, and the cut with
+   every item released ("recompute everything"). Each is measured once: its saved bytes
+   (parameters free under ``parameters_are_free``: they live anyway), its recompute runtime
+   (the summed ``runtime`` of what the backward recomputes) and, under a peak cap, its
+   simulated peak (timeline.py).
+4. A budget chooses among the candidates that fit it: the runtime-optimal cut when it fits,
+   else the least recompute runtime, then the fewer bytes, then the earlier candidate. The
+   candidates do not depend on the budget, so the answer is monotone: a larger budget never
+   saves fewer bytes nor recomputes more runtime. A fraction ``f`` allows
+   ``least + f * (optimal - least)`` saved bytes, ``least`` being the recompute-everything
+   cut's and ``optimal`` the runtime-optimal cut's; at 1.0 the answer is the runtime-optimal
+   cut. A cap nothing meets raises UnreachableMemoryBudgetError naming the least reachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnreachableMemoryBudgetError
+from .graph import (
+    CATEGORY_BANS,
+    CoreGraph,
+    CoreGraphError,
+    CoreNode,
+    CorePartition,
+    check_release,
+    default_save_costs,
+    distances_from_backward,
+    partition,
+)
+from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
+from .report import CoreReport, core_report
+from .timeline import CoreMemoryTimeline, decision_kinds, simulate_memory
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BUDGET_FRACTIONS", "BudgetedPartition", "CoreBudget", "partition_under_budget"]
+
+# The fractions whose knapsack cuts are candidates (1, 31/32, ..., 0), as budget/caps.py has.
+BUDGET_FRACTIONS = tuple(i / 32 for i in range(32, -1, -1))
+RUNTIME_BAN = "recomputing it costs runtime {runtime:g}"
+# UnreachableMemoryBudgetError's wording, per budget kind (budget/caps.py's words).
+_UNREACHABLE_WORDS = {"saved_bytes": ("activation memory budget", "save"),
+                      "peak_bytes": ("simulated memory peak cap", "peak at")}
+
+
+@dataclass(frozen=True)
+class CoreBudget:
+    """The budget a partition was given: ``kind`` is fraction, saved_bytes or peak_bytes."""
+
+    kind: str
+    value: float
+
+    def describe(self) -> str:
+        if self.kind == "fraction":
+            return f"memory budget {self.value:g} (fraction between recompute-everything and " \
+                   "runtime-optimal saved bytes)"
+        if self.kind == "saved_bytes":
+            return f"saved-bytes cap {int(self.value)} bytes"
+        return f"simulated peak cap {int(self.value)} bytes"
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    label: str
+    rank: int
+    result: CorePartition
+    released: tuple[str, ...]       # ids whose ban the budget lifted
+    saved_bytes: int
+    recompute_runtime: float
+    _peak: list[CoreMemoryTimeline] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def timeline(self) -> CoreMemoryTimeline:
+        if not self._peak:
+            self._peak.append(simulate_memory(self.result))
+        return self._peak[0]
+
+    def measure(self, kind: str) -> int:
+        return self.saved_bytes if kind == "saved_bytes" else self.timeline.peak_bytes
+
+
+@dataclass(frozen=True)
+class BudgetedPartition:
+    """The answer under a budget: the cut (``partition``), the budget given, what it saves and
+    recomputes, and which candidate it is (``label``)."""
+
+    partition: CorePartition
+    budget: CoreBudget
+    label: str
+    released: dict[str, str]         # id -> the ban the budget lifted, in graph order
+    saved_bytes: int                 # saved values' bytes (parameters free when they are)
+    recompute_runtime: float
+    _candidate: _Candidate = field(repr=False, compare=False)
+
+    @property
+    def saved(self) -> tuple[str, ...]:
+        return self.partition.saved
+
+    @property
+    def timeline(self) -> CoreMemoryTimeline:
+        return self._candidate.timeline
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.timeline.peak_bytes
+
+    def report(self) -> CoreReport:
+        """The per-node report in core terms."""
+        return core_report(self.partition, budget=self.budget.describe(), chosen=self.label,
+                           saved_bytes=self.saved_bytes, peak_bytes=self.peak_bytes,
+                           recompute_runtime=self.recompute_runtime, released=self.released)
+
+
+def _budget(fraction: float | None, max_saved_bytes: int | None,
+            max_peak_bytes: int | None) -> CoreBudget:
+    given = [(kind, value) for kind, value in (("fraction", fraction),
+                                               ("saved_bytes", max_saved_bytes),
+                                               ("peak_bytes", max_peak_bytes))
+             if value is not None]
+    if len(given) != 1:
+        raise CoreGraphError("give exactly one budget: fraction (0 to 1), max_saved_bytes or "
+                             f"max_peak_bytes; got {', '.join(k for k, _ in given) or 'none'}")
+    kind, value = given[0]
+    if kind == "fraction":
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0 <= value <= 1):
+            raise CoreGraphError(f"fraction must be a number between 0 and 1 (0 = recompute "
+                                 f"everything, 1 = runtime-optimal); got {value!r}")
+        return CoreBudget(kind, float(value))
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        name = "max_saved_bytes" if kind == "saved_bytes" else "max_peak_bytes"
+        raise CoreGraphError(f"{name} must be an int >= 0 (bytes); got {value!r}")
+    return CoreBudget(kind, int(value))
+
+
+class _Search:
+    """The candidates of one graph under one set of options (built on first need)."""
+
+    def __init__(self, graph: CoreGraph, bans: Mapping[str, str], release: Collection[str],
+                 knapsack: str, options: dict[str, Any]) -> None:
+        self.graph, self.release, self.knapsack, self.options = graph, list(release), knapsack, \
+            options
+        self.runtimes = np.array([node.runtime for node in graph.nodes], dtype=np.float64)
+        costs = default_save_costs(graph, recompute_views=options["recompute_views"],
+                                   parameters_are_free=options["parameters_are_free"])
+        bannable = graph.structure.bannable
+        released = set(self.release)
+        self.bans = dict(bans)
+        for i, node in enumerate(graph.nodes):
+            if (node.runtime > 0 and node.forward and bannable[i] and math.isfinite(costs[i])
+                    and node.id not in released and node.id not in self.bans
+                    and not _never_released(node)):
+                self.bans[node.id] = RUNTIME_BAN.format(runtime=node.runtime)
+        self.optimal = self._candidate("runtime-optimal", 0, ())
+        dist = distances_from_backward(graph)
+        index = graph.index
+        self.items = [name for name in self.optimal.result.banned
+                      if not _never_released(graph.nodes[index[name]])
+                      and dist[index[name]] < int(1e9) and math.isfinite(costs[index[name]])]
+        self._all: list[_Candidate] | None = None
+
+    def _candidate(self, label: str, rank: int, released: tuple[str, ...]) -> _Candidate:
+        result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
+                           **self.options)
+        recomputed = np.array(decision_kinds(result)) == "recomputed"
+        runtime = float(self.runtimes[recomputed].sum())
+        return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
+                          runtime)
+
+    def candidates(self) -> list[_Candidate]:
+        """Every candidate, the runtime-optimal first (see the module doc)."""
+        if self._all is not None:
+            return self._all
+        graph, index = self.graph, self.graph.index
+        if not self.items:  # nothing a budget may release: one cut
+            self._all = [self.optimal]
+            return self._all
+        everything = self._candidate("recompute everything", 1, tuple(self.items))
+        span = self.optimal.saved_bytes - everything.saved_bytes
+        found = {(): self.optimal, tuple(self.items): everything}
+        if span > 0 and self.items:
+            memories = [graph.nodes[index[name]].nbytes / span for name in self.items]
+            runtimes = [graph.nodes[index[name]].runtime for name in self.items]
+            solve = get_knapsack_solver(self.knapsack)
+            for fraction in BUDGET_FRACTIONS[1:-1]:
+                _, _, recompute = solve(memories, runtimes, fraction)
+                released = tuple(self.items[k] for k in recompute)
+                if released not in found:
+                    found[released] = self._candidate(f"budget {fraction:g}", len(found),
+                                                      released)
+        ordered = sorted(found.values(), key=lambda c: c.rank)
+        self._all = ordered
+        log.debug("core budget: %d candidate cuts over %d knapsack items", len(ordered),
+                  len(self.items))
+        return ordered
+
+    def least_and_most(self) -> tuple[int, int]:
+        """(recompute-everything saved bytes, runtime-optimal saved bytes)."""
+        candidates = self.candidates()
+        everything = candidates[1] if len(candidates) > 1 else candidates[0]
+        return everything.saved_bytes, self.optimal.saved_bytes
+
+
+def _never_released(node: CoreNode) -> bool:
+    """A category ban no budget lifts: inputs, seeds, effectful and random ops."""
+    return node.forward and node.category in CATEGORY_BANS and not node.allow_recompute
+
+
+def _saved_bytes(result: CorePartition, options: Mapping[str, Any]) -> int:
+    nodes = result.graph.nodes
+    free = "parameter" if options["parameters_are_free"] else None
+    return int(sum(nodes[i].nbytes for i in result.saved_indices.tolist()
+                   if nodes[i].category != free))
+
+
+def _search(graph: CoreGraph, bans: Mapping[str, str], release: Collection[str],
+            knapsack: str, options: dict[str, Any]) -> _Search:
+    """The search for these options, cached on the graph: a sweep builds its cuts once."""
+    key = ("core-budget", tuple(sorted(bans.items())), tuple(release), knapsack,
+           tuple(sorted(options.items())))
+    found = graph._cache.get(key)
+    if found is None:
+        found = graph._cache[key] = _Search(graph, bans, release, knapsack, options)
+    return found
+
+
+def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
+    optimal = search.optimal
+    if budget.kind == "fraction":
+        if budget.value == 1:
+            return optimal
+        least, most = search.least_and_most()
+        if most <= least:
+            return optimal
+        limit: float = least + budget.value * (most - least)
+        kind = "saved_bytes"
+    else:
+        limit, kind = budget.value, budget.kind
+        if optimal.measure(kind) <= limit:  # an ample cap makes no other cut
+            return optimal
+    measured = [(c, c.measure(kind)) for c in search.candidates()]
+    fitting = [(c.rank != 0, c.recompute_runtime, m, c.rank, c) for c, m in measured
+               if m <= limit]
+    if not fitting:
+        least_candidate, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
+        what, verb = _UNREACHABLE_WORDS[kind]
+        raise UnreachableMemoryBudgetError(what, int(limit), amount, least_candidate.label, verb)
+    return min(fitting, key=lambda t: t[:4])[4]
+
+
+def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: float | None = None,
+                           max_saved_bytes: int | None = None,
+                           max_peak_bytes: int | None = None, knapsack: str = "dp",
+                           bans: Mapping[str, str] | None = None,
+                           release: Collection[str] = (), solver: str = "scipy",
+                           recompute_views: bool = False,
+                           parameters_are_free: bool = True) -> BudgetedPartition:
+    """The cut to take under one budget (see the module doc): ``fraction`` (0 to 1),
+    ``max_saved_bytes`` (a cap on the saved values' bytes) or ``max_peak_bytes`` (a cap on the
+    simulated peak, inputs included). ``knapsack``: "dp", "greedy" or "ilp". ``bans``,
+    ``release``, ``solver``, ``recompute_views`` and ``parameters_are_free`` are
+    ``partition``'s. Deterministic; raises UnreachableMemoryBudgetError when no cut meets a
+    cap."""
+    if not isinstance(graph, CoreGraph):  # a CoreGraph keeps the search for the next budget
+        graph = CoreGraph(tuple(graph))
+    budget = _budget(fraction, max_saved_bytes, max_peak_bytes)
+    if knapsack not in KNAPSACK_SOLVERS:
+        raise CoreGraphError(f"unknown knapsack solver {knapsack!r}; valid: "
+                             f"{', '.join(sorted(KNAPSACK_SOLVERS))}")
+    if bans is not None and not isinstance(bans, Mapping):
+        raise CoreGraphError(f"bans must be a mapping of node id to reason, got {bans!r}")
+    release = check_release(graph, release)
+    options = {"solver": solver, "recompute_views": recompute_views,
+               "parameters_are_free": parameters_are_free}
+    search = _search(graph, dict(bans or {}), release, knapsack, options)
+    chosen = _choose(search, budget)
+    lifted = search.optimal.result.banned
+    return BudgetedPartition(chosen.result, budget, chosen.label,
+                             {name: lifted[name] for name in chosen.released},
+                             chosen.saved_bytes, chosen.recompute_runtime, chosen)
