@@ -17,12 +17,14 @@ from aot_partition.budget.offload_plan import (
     peak_candidates,
     plan_activations,
     plan_offload,
+    plan_within_bytes,
 )
 from aot_partition.budget.search import BudgetSearch
 from aot_partition.core.ilp_graph import SaveOrRecompute
 from aot_partition.core.offload_milp import (
     KeepRecomputeOffload,
     evaluate_plan,
+    least_saved_bytes,
     solve_keep_recompute_offload,
 )
 from aot_partition.errors import UnreachableMemoryBudgetError
@@ -191,3 +193,34 @@ def test_parse_memory_budget():
         with pytest.raises(ValueError, match=r"memory budget must be a fraction in \[0, 1\], a "
                                              r"byte cap .* or a peak cap \('20GiB peak'\)"):
             parse_memory_budget(bad)
+
+
+def test_a_byte_cap_is_met_or_named_unreachable(capture):
+    _, search = search_of("gpt", capture)
+    least = plan_activations(search, 0.0, bandwidth_gbps=FAST, min_bytes=0)
+    full = plan_activations(search, 1.0, bandwidth_gbps=FAST, min_bytes=0)
+    previous = None
+    for nbytes in sorted({int(least.device_bytes), int(full.device_bytes),
+                          int((least.device_bytes + full.device_bytes) / 2)}, reverse=True):
+        plan = plan_within_bytes(search, nbytes, bandwidth_gbps=FAST, min_bytes=0)
+        assert plan.device_bytes <= nbytes and plan.gap <= 0.01
+        assert plan.reference_s is None or plan.runtime <= plan.reference_s * (1 + 1e-9)
+        if previous is not None:  # less room never makes the plan faster, up to the gap
+            assert plan.runtime >= previous.runtime * (1 - 0.02)
+        previous = plan
+    fewest = least_saved_bytes(plan_problem(search))
+    assert fewest is not None and fewest <= least.device_bytes
+    cap = int(fewest) - 1
+    with pytest.raises(UnreachableMemoryBudgetError) as raised:
+        plan_within_bytes(search, cap, bandwidth_gbps=FAST, min_bytes=0)
+    assert str(raised.value) == (
+        f"activation memory budget {cap} bytes is unreachable: the least this graph can save "
+        f"is {int(fewest)} bytes (least-bytes plan)")
+    assert plan_within_bytes(search, int(fewest), bandwidth_gbps=FAST,
+                             min_bytes=0).device_bytes == fewest
+
+
+def plan_problem(search):
+    from aot_partition.budget.offload_plan import _planning
+
+    return _planning(search.with_estimator("roofline"), True, FAST, 0).problem

@@ -12,6 +12,7 @@ forward+backward order); its gain is the device memory freed over that window.
   fraction budget, as one MILP (core/offload_milp.py) proven within 1%, with the "dp" answer as
   the incumbent (never worse than it, no more device bytes than it saves) and no wall-clock
   in the decision.
+- ``plan_within_bytes(search, nbytes)``: the same under a cap on device bytes.
 - ``plan_under_peak(...)``: the fastest plan whose simulated forward+backward peak (offloaded
   values freed over their window) fits a cap, among a fixed set of plans; monotone in the
   cap, ``UnreachableMemoryBudgetError`` (caps.py's wording) with the least reachable peak.
@@ -36,6 +37,7 @@ from ..core.offload_milp import (
     KeepRecomputeOffload,
     KeepRecomputeOffloadAnswer,
     evaluate_plan,
+    least_saved_bytes,
     solve_keep_recompute_offload,
 )
 from ..errors import UnreachableMemoryBudgetError
@@ -44,7 +46,14 @@ from ..fx.estimators import estimate_runtime
 from ..fx.joint import is_bwd_seed_offset, is_tangent
 from ..fx.regions import parse_region_budget
 from ..fx.sizes import node_nbytes
-from .caps import extract_cut, finish_cut, step_estimate, validate_peak_bytes
+from .caps import (
+    BYTE_BUDGET_FRACTIONS,
+    extract_cut,
+    finish_cut,
+    step_estimate,
+    validate_memory_budget_bytes,
+    validate_peak_bytes,
+)
 from .search import BudgetSearch, _ilp_forward_nodes, _ilp_savable, validate_memory_budget
 
 log = logging.getLogger(__name__)
@@ -66,6 +75,7 @@ __all__ = [
     "peak_candidates",
     "plan_activations",
     "plan_offload",
+    "plan_within_bytes",
     "plan_under_peak",
 ]
 
@@ -278,17 +288,42 @@ def _dp_answer(search: BudgetSearch, fraction: float) -> list[fx.Node]:
     return list(dp.saved_values(fraction)[0])
 
 
-def plan_activations(search: BudgetSearch, memory_budget: float, *, offload: bool = True,
-                     bandwidth_gbps: float | None = None, min_bytes: int = OFFLOAD_MIN_BYTES,
-                     node_limit: int = OFFLOAD_MILP_NODE_LIMIT) -> ActivationPlan:
-    """Keep / recompute / offload at a fraction budget (see module doc); ``offload=False``:
-    keep or recompute only. Runtimes are roofline seconds whatever the search's estimator
-    (copies are in seconds). The "dp" answer at the fraction is the incumbent and caps the
-    device bytes, so the plan never recomputes more (runtime) nor keeps more than it."""
-    memory_budget = validate_memory_budget(memory_budget)
-    search = search.with_estimator("roofline")
+@dataclass(frozen=True)
+class _Planning:
+    """One search's problem without its capacity: the MILP's nodes and their costs."""
+
+    problem: KeepRecomputeOffload
+    forward: list[fx.Node]
+    inputs: list[fx.Node]
+
+    def device_bytes(self, saved: Sequence[fx.Node]) -> float:
+        """The bytes the MILP counts for saving ``saved`` (forward nodes and inputs)."""
+        chosen = set(saved)
+        sizes = self.problem.base.sizes
+        return float(sum(sizes[i] for i, node in enumerate(self.forward + self.inputs)
+                         if node in chosen))
+
+    def solve(self, capacity: float, reference: Sequence[fx.Node], label: str,
+              node_limit: int) -> ActivationPlan | None:
+        """The plan within ``capacity`` with ``reference`` as the incumbent; None when
+        nothing fits."""
+        problem = replace(self.problem, base=replace(self.problem.base, capacity=capacity))
+        chosen = set(reference)
+        incumbent = evaluate_plan(problem, np.array([v in chosen for v in self.forward]),
+                                  np.zeros(len(self.forward), dtype=bool),
+                                  np.array([u in chosen for u in self.inputs]))
+        answer = solve_keep_recompute_offload(problem, reference=incumbent,
+                                              node_limit=node_limit)
+        if answer is None:
+            return None
+        return replace(_plan_of(answer, self.forward, self.inputs, label),
+                       reference_s=None if incumbent is None else incumbent.runtime)
+
+
+def _planning(search: BudgetSearch, offload: bool, bandwidth_gbps: float | None,
+              min_bytes: int) -> _Planning:
+    """Describe ``search``'s forward as arrays (capacity 0: ``_Planning.solve`` sets it)."""
     info = search.node_info
-    reference = _dp_answer(search, memory_budget)
     if search.has_range:
         search._escalate()  # the knapsack items and their bans
     forward = _ilp_forward_nodes(search)
@@ -302,17 +337,13 @@ def plan_activations(search: BudgetSearch, memory_budget: float, *, offload: boo
     read_by_backward = [node in bw_outputs or any(u not in forward_set and u.op != "output"
                                                   for u in node.users)
                         for node in forward + inputs]
-    sizes = np.array([node_nbytes(node) for node in forward + inputs], dtype=np.float64)
-    reference_set = set(reference)
-    reference_bytes = float(sizes[[index[n_] for n_ in reference_set if n_ in index]].sum())
-    capacity = search.min_bytes + memory_budget * (search.max_bytes - search.min_bytes)
     base = SaveOrRecompute(
-        sizes=sizes,
+        sizes=np.array([node_nbytes(node) for node in forward + inputs], dtype=np.float64),
         runtimes=np.array([estimate_runtime(node, "roofline") for node in forward]),
         read_by_backward=np.array(read_by_backward, dtype=bool),
         recomputable=np.array([node not in still_banned for node in forward], dtype=bool),
         reads=[[index[a] for a in node.all_input_nodes if a in index] for node in forward],
-        capacity=min(capacity, reference_bytes) if memory_budget < 1 else reference_bytes,
+        capacity=0.0,
         estimator="roofline",
         savable=np.array([_ilp_savable(node) for node in forward], dtype=bool),
     )
@@ -326,17 +357,60 @@ def plan_activations(search: BudgetSearch, memory_budget: float, *, offload: boo
             transfer[v], exposed[v] = _copy_costs(node, windows[node], bandwidth)
     problem = KeepRecomputeOffload(base, exposed, transfer,
                                    link_s=min(schedule.forward_s, schedule.backward_s))
-    incumbent = evaluate_plan(problem, np.array([v in reference_set for v in forward]),
-                              np.zeros(n, dtype=bool),
-                              np.array([u in reference_set for u in inputs]))
-    answer = solve_keep_recompute_offload(problem, reference=incumbent, node_limit=node_limit)
+    return _Planning(problem, forward, inputs)
+
+
+def plan_activations(search: BudgetSearch, memory_budget: float, *, offload: bool = True,
+                     bandwidth_gbps: float | None = None, min_bytes: int = OFFLOAD_MIN_BYTES,
+                     node_limit: int = OFFLOAD_MILP_NODE_LIMIT) -> ActivationPlan:
+    """Keep / recompute / offload at a fraction budget (see module doc); ``offload=False``:
+    keep or recompute only. Runtimes are roofline seconds whatever the search's estimator
+    (copies are in seconds). The "dp" answer at the fraction is the incumbent and caps the
+    device bytes, so the plan never recomputes more (runtime) nor keeps more than it."""
+    memory_budget = validate_memory_budget(memory_budget)
+    search = search.with_estimator("roofline")
+    reference = _dp_answer(search, memory_budget)
+    planning = _planning(search, offload, bandwidth_gbps, min_bytes)
+    reference_bytes = planning.device_bytes(reference)
+    capacity = search.min_bytes + memory_budget * (search.max_bytes - search.min_bytes)
+    capacity = min(capacity, reference_bytes) if memory_budget < 1 else reference_bytes
     label = f"plan {memory_budget:g}" + ("" if offload else " (no offload)")
-    if answer is None:  # the dp answer is no forward-node set (nothing to plan): take it
+    plan = planning.solve(capacity, reference, label, node_limit)
+    if plan is None:  # the dp answer is no forward-node set (nothing to plan): take it
         log.info("plan_activations: at %g the dp answer is kept as is", memory_budget)
         return ActivationPlan(tuple(reference), (), frozenset(), 0.0, 0.0, reference_bytes,
                               0.0, 0.0, "reference", label)
-    return replace(_plan_of(answer, forward, inputs, label),
-                   reference_s=None if incumbent is None else incumbent.runtime)
+    return plan
+
+
+def plan_within_bytes(search: BudgetSearch, nbytes: int, *, offload: bool = True,
+                      bandwidth_gbps: float | None = None, min_bytes: int = OFFLOAD_MIN_BYTES,
+                      node_limit: int = OFFLOAD_MILP_NODE_LIMIT) -> ActivationPlan:
+    """Keep / recompute / offload with at most ``nbytes`` saved on the device (forward values
+    and kept inputs, as the MILP counts them). The incumbent is the "dp" answer at the highest
+    of ``BYTE_BUDGET_FRACTIONS`` that fits (a bisection). UnreachableMemoryBudgetError, as
+    caps.py words it, when no plan fits, with the least bytes any plan keeps."""
+    nbytes = validate_memory_budget_bytes(nbytes)
+    search = search.with_estimator("roofline")
+    planning = _planning(search, offload, bandwidth_gbps, min_bytes)
+    fractions = BYTE_BUDGET_FRACTIONS  # high to low
+    low, high = 0, len(fractions)  # the first fitting index lies in [low, high]
+    while low < high:
+        mid = (low + high) // 2
+        if planning.device_bytes(_dp_answer(search, fractions[mid])) <= nbytes:
+            high = mid
+        else:
+            low = mid + 1
+    reference = _dp_answer(search, fractions[low]) if low < len(fractions) else []
+    label = f"plan within {nbytes} bytes" + ("" if offload else " (no offload)")
+    plan = planning.solve(float(nbytes), reference, label, node_limit)
+    if plan is None:
+        least = least_saved_bytes(planning.problem, node_limit=node_limit)
+        raise UnreachableMemoryBudgetError("activation memory budget", nbytes,
+                                           math.ceil(least) if least is not None else -1,
+                                           "least-bytes plan" if least is not None
+                                           else "no plan exists", "save")
+    return plan
 
 
 def _plan_of(answer: KeepRecomputeOffloadAnswer, forward: list[fx.Node],

@@ -39,7 +39,8 @@ from .milp_limits import stopped_by_limit
 log = logging.getLogger(__name__)
 
 __all__ = ["OFFLOAD_MILP_GAP", "OFFLOAD_MILP_NODE_LIMIT", "KeepRecomputeOffload",
-           "KeepRecomputeOffloadAnswer", "evaluate_plan", "solve_keep_recompute_offload"]
+           "KeepRecomputeOffloadAnswer", "evaluate_plan", "least_saved_bytes",
+           "solve_keep_recompute_offload"]
 
 # The relative optimality gap a plan must be proven within (issue 29: 1%).
 OFFLOAD_MILP_GAP = 0.01
@@ -308,6 +309,25 @@ def _widen(problem: KeepRecomputeOffload, nodes: set[int]) -> set[int]:
         grown |= {u for v in grown if v < len(reads) for u in reads[v]}
         grown |= {w for v in list(grown) for w in readers.get(v, ())}
     return grown
+
+
+def least_saved_bytes(problem: KeepRecomputeOffload, *,
+                      node_limit: int = OFFLOAD_MILP_NODE_LIMIT) -> float | None:
+    """The fewest device bytes any plan keeps (capacity ignored; the link still counts), as
+    ``evaluate_plan`` measures the plan HiGHS finds (exact unless the node limit stops it);
+    None when no plan exists."""
+    from scipy.optimize import Bounds, milp
+
+    base = problem.base
+    n = base.num_forward
+    sizes = np.asarray(base.sizes, dtype=np.float64)
+    unbounded = replace(problem, base=replace(base, capacity=math.inf))
+    constraints, lower, upper = _model(unbounded)
+    cost = np.concatenate([sizes[:n], np.zeros(2 * n), sizes[n:]])
+    found = milp(c=cost, constraints=constraints, integrality=np.ones(cost.shape[0]),
+                 bounds=Bounds(lower, upper), options={"node_limit": node_limit})
+    answer = _read(unbounded, found.x, "milp")
+    return None if answer is None else answer.saved_bytes
 
 
 def _gap(objective: float, bound: float) -> float:
