@@ -224,3 +224,27 @@ def plan_problem(search):
     from aot_partition.budget.offload_plan import _planning
 
     return _planning(search.with_estimator("roofline"), True, FAST, 0).problem
+
+
+def test_offloaded_values_leave_the_device_over_their_window(capture):
+    from aot_partition.budget.caps import extract_cut, finish_cut
+    from aot_partition.budget.offload_plan import offload_timeline
+    from aot_partition.fx.memory import simulate_partition
+
+    joint, search = search_of("gpt", capture)
+    saved = search.runtime_optimal
+    names = plan_offload(joint.module.graph, saved, None, bandwidth_gbps=FAST, min_bytes=0)
+    cut = finish_cut(extract_cut(joint.module, saved, num_fwd_outputs=joint.num_fwd_outputs))
+    kept = simulate_partition(cut.fw, cut.bw)
+    moved = offload_timeline(kept, cut.fw, cut.bw, names, FAST * 1e9)
+    drops = [(a.phase, a.high_bytes - b.high_bytes) for a, b in zip(kept.steps, moved.steps,
+                                                                      strict=True)]
+    assert all(drop >= 0 for _, drop in drops)
+    assert any(drop > 0 for phase, drop in drops if phase == "forward")
+    assert any(drop > 0 for phase, drop in drops if phase == "backward")
+    assert moved.peak_bytes <= kept.peak_bytes
+    # over a link too slow to move anything in time, nothing leaves
+    slow = offload_timeline(kept, cut.fw, cut.bw, names, SLOW * 1e9)
+    assert [s.high_bytes for s in slow.steps] == [s.high_bytes for s in kept.steps]
+    with pytest.raises(ValueError, match="'nope' is not a saved value of these graphs"):
+        offload_timeline(kept, cut.fw, cut.bw, ["nope"], FAST * 1e9)

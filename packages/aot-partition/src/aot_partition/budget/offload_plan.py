@@ -449,7 +449,7 @@ def offload_timeline(timeline: memory.MemoryTimeline, fw: fx.Graph, bw: fx.Graph
         if node is None or placeholder is None:
             raise ValueError(f"offload_timeline: {name!r} is not a saved value of these graphs")
         fw_steps = [place[("forward", u.name)] for u in [node, *node.users]
-                    if ("forward", u.name) in place]
+                    if u.op != "output" and ("forward", u.name) in place]
         bw_steps = [place[("backward", u.name)] for u in placeholder.users
                     if ("backward", u.name) in place]
         if not fw_steps or not bw_steps:
