@@ -349,7 +349,9 @@ def _planning(search: BudgetSearch, offload: bool, bandwidth_gbps: float | None,
     )
     schedule = _schedule(search.joint_graph)
     windows = _windows(search.joint_graph, schedule, forward)
-    bandwidth = host_link_bandwidth(search.config, None, bandwidth_gbps)
+    device = next((v.device for node in forward
+                   if isinstance(v := node.meta.get("val"), torch.Tensor)), None)
+    bandwidth = host_link_bandwidth(search.config, device, bandwidth_gbps)
     transfer = np.zeros(n)
     exposed = np.full(n, math.inf)
     for v, node in enumerate(forward):
