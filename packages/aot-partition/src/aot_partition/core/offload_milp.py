@@ -50,7 +50,7 @@ OFFLOAD_MILP_NODE_LIMIT = 300
 _INTEGRAL = 1e-6
 # Restricted MILPs tried around the LP's fractional variables, each over a wider neighbourhood
 # (two graph hops more each time), before the whole MILP.
-NEIGHBOURHOOD_ROUNDS = 3
+NEIGHBOURHOOD_ROUNDS = 6
 
 
 @dataclass(frozen=True)
