@@ -133,7 +133,8 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("errors", "flags", "config", "_moved"),
     # core/: the graph-agnostic core on plain data (numpy/scipy only)
     ("core.milp_limits", "core.mincut", "core.mincut_scipy", "core.knapsack", "core.graph",
-     "core.ilp_graph", "core.load", "core.timeline", "core.report", "core.budget", "core"),
+     "core.ilp_graph", "core.offload_milp", "core.load", "core.timeline", "core.report",
+     "core.budget", "core"),
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
     # collectives, the rank agreement (they may import each other; the cycle test keeps them
     # acyclic)
@@ -151,7 +152,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # budget/: the memory-budget search
     ("budget", "budget.search"),
     # budgets in bytes or a peak, per-region budgets, the reference check
-    ("budget.caps", "budget.reference", "budget.regions"),
+    ("budget.caps", "budget.reference", "budget.regions", "budget.offload_plan"),
     # report/: data only: the partition report; pictures; TORCH_TRACE artifacts
     ("report", "report.report", "report.draw", "report.memory_plot", "report.trace"),
     # the budget sweep; default_partition with SAC tags (uses the byte caps' cut helpers)
