@@ -35,13 +35,14 @@ from torch.utils.checkpoint import CheckpointPolicy
 from .estimators import estimate_runtime
 from .joint import is_backward_state, is_bwd_seed_offset, is_tangent
 from .passes.offload_ops import (
+    OFFLOAD_META,
     OFFLOAD_OPS,
     offload_to_host,
     prefetch_to_device,
     wait_offload,
     wait_prefetch,
 )
-from .roofline import device_numbers
+from .roofline import device_numbers, moves_nothing
 from .sizes import is_opaque, node_nbytes
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,6 @@ __all__ = ["OFFLOAD_META", "SHOULD_OFFLOAD", "OffloadedValue", "choose_offloads"
            "host_link_bandwidth", "offload_obstacle", "offload_saved_values"]
 
 SHOULD_OFFLOAD = "should_offload"      # torch's tag (node.meta), honoured as a user request
-OFFLOAD_META = "aot_partition_offload"  # on every node the rewrite adds, see _mark
 
 # Device <-> host link, bytes/s, by roofline device-table name prefix: PCIe gen5 x16 for
 # Hopper, gen4 for Ampere/Ada, gen3 before; about 80% of the link's peak, as measured copies
@@ -241,6 +241,32 @@ def _prefetch_index(order: list[fx.Node], first_non_input: int, first_use: int, 
     return first_non_input, covered
 
 
+def _sink_aliases(graph: fx.Graph, value: fx.Node) -> None:
+    """Move the views and aliases of ``value`` (``detach`` chains the joint puts at the top of
+    the backward) down to right before the first node that reads it for real, so that the
+    first use, where the prefetch must be done, is a real one. Moving a node later is legal:
+    every reader of a moved node is a moved node (order kept) or at or after that point."""
+    chain: list[fx.Node] = []
+    readers: set[fx.Node] = set()
+    frontier = [value]
+    while frontier:
+        for user in frontier.pop().users:
+            if (user.op == "call_function" and isinstance(user.target, torch._ops.OpOverload)
+                    and user.target not in OFFLOAD_OPS and moves_nothing(user)):
+                if user not in chain:
+                    chain.append(user)
+                    frontier.append(user)
+            else:
+                readers.add(user)
+    if not chain or not readers:
+        return
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    first_reader = min(readers, key=index.__getitem__)
+    for node in sorted(chain, key=index.__getitem__):
+        if index[node] < index[first_reader]:
+            first_reader.prepend(node)
+
+
 def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping[str, str], *,
                          num_fwd_outputs: int, bandwidth_gbps: float | None = None) -> list[OffloadedValue]:
     """Rewrite ``fw_graph`` and ``bw_graph`` (one cut, in place) so that each saved tensor
@@ -259,9 +285,6 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
             raise ValueError(f"cannot offload '{name}': {why}")
     fw_order = [n for n in fw_graph.nodes if n.op != "output"]
     fw_index = {n: i for i, n in enumerate(fw_order)}
-    bw_order = list(bw_graph.nodes)
-    bw_index = {n: i for i, n in enumerate(bw_order)}
-    first_non_input = next(i for i, n in enumerate(bw_order) if n.op != "placeholder")
     done: list[OffloadedValue] = []
     new_outputs = list(outputs)
     for slot in slots:
@@ -286,6 +309,10 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
                                    f"{value.name}_host_ready")
         new_outputs[slot] = host_ready
         # backward: the host copy arrives; prefetch it in time for its first use
+        _sink_aliases(bw_graph, placeholder)
+        bw_order = list(bw_graph.nodes)
+        bw_index = {n: i for i, n in enumerate(bw_order)}
+        first_non_input = next(i for i, n in enumerate(bw_order) if n.op != "placeholder")
         users = sorted(placeholder.users, key=bw_index.__getitem__)
         first_use = bw_index[users[0]]
         before, bw_hidden = _prefetch_index(bw_order, first_non_input, first_use, seconds)
@@ -296,6 +323,9 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
         with bw_graph.inserting_before(users[0]):
             ready = _new_node(bw_graph, wait_prefetch, (fetched, placeholder),
                               f"{value.name}_device_ready")
+        # The device copy stands for the original value: the backward's views of it (traced
+        # from the original) keep sharing its fake storage (the memory simulator's aliasing).
+        fetched.meta["val"] = ready.meta["val"] = value.meta["val"]
         for user in users:
             user.replace_input_with(placeholder, ready)
         record = OffloadedValue(

@@ -36,8 +36,12 @@ from torch.fx.node import has_side_effect
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OFFLOAD_OPS", "offload_to_host", "prefetch_to_device", "wait_offload",
+__all__ = ["OFFLOAD_META", "OFFLOAD_OPS", "offload_to_host", "prefetch_to_device", "wait_offload",
            "wait_prefetch"]
+
+# node.meta key on every node the offload rewrite adds (fx/offload.py): {"role": ..., "value":
+# the offloaded value's name, and for the copies "nbytes", "seconds", "hidden_seconds"}.
+OFFLOAD_META = "aot_partition_offload"
 
 _lib = torch.library.Library("aot_partition", "FRAGMENT")  # noqa: TOR901 (our namespace)
 _lib.define("offload_to_host(Tensor value) -> Tensor")
