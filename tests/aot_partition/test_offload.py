@@ -181,6 +181,14 @@ def test_a_recomputed_tagged_value_stays_with_a_note():
                for note in report.notes)
 
 
+def test_a_view_is_not_offloaded_its_base_would_stay():
+    # ``t`` (w2.t(), saved for the last matmul's backward) is a view of an input.
+    [(fw, _, report)] = _run(two_layers, _inputs(), partition_with_report, tags=("t", "tanh"))
+    assert [n.args[0].name for n in _calls(fw.graph, offload_to_host)] == ["tanh"]
+    assert any("'t' is tagged should_offload but stays: a view or alias" in note
+               for note in report.notes)
+
+
 # ---- the planner hook ------------------------------------------------------------------------------
 
 def _with_planner(monkeypatch, plan):

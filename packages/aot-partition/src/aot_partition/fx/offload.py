@@ -138,8 +138,9 @@ def offload_obstacle(node: fx.Node, saved: Iterable[fx.Node],
         return "not a tensor"
     if val.layout != torch.strided or val.is_nested:
         return f"not a dense strided tensor ({val.layout})"
-    if val._is_view():
-        return "a view (its base stays on the device)"
+    if val._is_view() or (isinstance(node.target, torch._ops.OpOverload)
+                          and (node.target.is_view or moves_nothing(node))):
+        return "a view or alias (its base stays on the device)"
     if not val.is_contiguous():
         return "not contiguous"
     if val.device.type not in ("cuda", "cpu"):
@@ -304,7 +305,9 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
         wait_after, fw_hidden = _forward_wait_index(fw_order, fw_index[value], last_use, seconds)
         with fw_graph.inserting_after(value):
             host = _new_node(fw_graph, offload_to_host, (value,), f"{value.name}_to_host")
-        with fw_graph.inserting_after(fw_order[wait_after]):
+        # (nothing after the value: the wait follows the copy itself)
+        with fw_graph.inserting_after(host if wait_after == fw_index[value]
+                                      else fw_order[wait_after]):
             host_ready = _new_node(fw_graph, wait_offload, (host, value),
                                    f"{value.name}_host_ready")
         new_outputs[slot] = host_ready
