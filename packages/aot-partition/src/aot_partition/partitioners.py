@@ -450,7 +450,7 @@ def _offload_planner() -> Callable[..., Sequence[str]] | None:
     planner, None when this install has no planner module."""
     if importlib.util.find_spec(OFFLOAD_PLANNER_MODULE) is None:
         return None
-    return importlib.import_module(OFFLOAD_PLANNER_MODULE).plan_offload  # type: ignore[no-any-return]
+    return importlib.import_module(OFFLOAD_PLANNER_MODULE).plan_offload
 
 
 def offload_cut(joint_graph: fx.Graph, fw_graph: fx.Graph, bw_graph: fx.Graph,
