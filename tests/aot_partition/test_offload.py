@@ -154,6 +154,15 @@ def test_tagged_values_are_offloaded_with_copy_wait_prefetch_wait(partition):
     assert any(n.target is torch.ops.aten.tanh_backward.default for n in between)  # early
 
 
+@pytest.mark.parametrize(("device", "pinned"), [("cpu", True), ("cpu_pageable", False)])
+def test_the_device_flag_chooses_pinned_or_pageable_host_memory(device, pinned):
+    config = PartitionConfig(offload_tagged=True, offload_device=device)
+    [(fw, _, _)] = _run(two_layers, _inputs(), min_cut_rematerialization_partition,
+                        tags=("tanh",), config=config)
+    [copy] = _calls(fw.graph, offload_to_host)
+    assert copy.args[1] is pinned
+
+
 def test_without_the_flag_tags_change_nothing():
     [(fw, bw, _)] = _run(two_layers, _inputs(), min_cut_rematerialization_partition,
                          tags=("relu", "tanh"), config=PartitionConfig())

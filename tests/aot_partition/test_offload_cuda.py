@@ -31,6 +31,13 @@ def test_copies_go_through_pinned_memory_on_the_transfer_stream():
     torch.testing.assert_close(ready, value)
 
 
+def test_pageable_host_memory_when_asked():
+    value = torch.randn(256, device="cuda")
+    host = offload_ops.offload_to_host(value, False)
+    assert not host.is_pinned()
+    torch.testing.assert_close(offload_ops.wait_offload(host, value), value.cpu())
+
+
 def test_a_wait_without_its_copy_is_an_error():
     value = torch.randn(8, device="cuda")
     with pytest.raises(RuntimeError, match="no copy in flight"):

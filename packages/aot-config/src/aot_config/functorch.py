@@ -247,8 +247,9 @@ activation_offload_cpu_gpu_bw: float | None = flag(
 
 activation_offload_device: str = flag(
     "cpu",
-    choices=("cpu",),
-    doc="Where offloaded activations go: host memory ('cpu'; pinned on CUDA).",
+    choices=("cpu", "cpu_pageable"),
+    doc="Where offloaded activations go: pinned host memory ('cpu': asynchronous copies) or "
+        "pageable host memory ('cpu_pageable': no pinned memory used, the copies block more).",
 )
 
 # ---- fake tensors and effects ---------------------------------------------------------------------

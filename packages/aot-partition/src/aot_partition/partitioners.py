@@ -475,7 +475,8 @@ def offload_cut(joint_graph: fx.Graph, fw_graph: fx.Graph, bw_graph: fx.Graph,
     chosen, tag_notes = choose_offloads(fw_graph, bw_graph, num_fwd_outputs, requested,
                                         honour_tags=True)
     offloaded = offload_saved_values(fw_graph, bw_graph, chosen, num_fwd_outputs=num_fwd_outputs,
-                                     bandwidth_gbps=config.offload_bandwidth_gbps)
+                                     bandwidth_gbps=config.offload_bandwidth_gbps,
+                                     pinned=config.offload_device == "cpu")
     return offloaded, notes + tag_notes
 
 

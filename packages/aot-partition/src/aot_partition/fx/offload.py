@@ -269,11 +269,13 @@ def _sink_aliases(graph: fx.Graph, value: fx.Node) -> None:
 
 
 def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping[str, str], *,
-                         num_fwd_outputs: int, bandwidth_gbps: float | None = None) -> list[OffloadedValue]:
+                         num_fwd_outputs: int, bandwidth_gbps: float | None = None,
+                         pinned: bool = True) -> list[OffloadedValue]:
     """Rewrite ``fw_graph`` and ``bw_graph`` (one cut, in place) so that each saved tensor
     named in ``chosen`` (name -> who asked, see ``choose_offloads``) is offloaded to host
     memory; returns what was done, in forward order. ``bandwidth_gbps``: the host link (the
-    flag ``activation_offload_cpu_gpu_bw``), None for the device table's."""
+    flag ``activation_offload_cpu_gpu_bw``), None for the device table's; ``pinned``: host
+    copies in pinned memory (CUDA)."""
     if not chosen:
         return []
     output, outputs, slots, bw_saved = _saved_layout(fw_graph, bw_graph, num_fwd_outputs)
@@ -304,7 +306,7 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
                        default=fw_index[value])
         wait_after, fw_hidden = _forward_wait_index(fw_order, fw_index[value], last_use, seconds)
         with fw_graph.inserting_after(value):
-            host = _new_node(fw_graph, offload_to_host, (value,), f"{value.name}_to_host")
+            host = _new_node(fw_graph, offload_to_host, (value, pinned), f"{value.name}_to_host")
         # (nothing after the value: the wait follows the copy itself)
         with fw_graph.inserting_after(host if wait_after == fw_index[value]
                                       else fw_order[wait_after]):

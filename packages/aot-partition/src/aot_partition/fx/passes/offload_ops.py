@@ -10,7 +10,8 @@ Backward::
     dev = aot_partition.prefetch_to_device(host, device)  # side stream: host -> device, event
     dev = aot_partition.wait_prefetch(dev, host)          # compute stream waits: before 1st use
 
-On CUDA the copies run on one transfer stream per device, into pinned host memory, with
+On CUDA the copies run on one transfer stream per device, into pinned host memory (pageable
+with ``pinned=False``: the flag ``activation_offload_device="cpu_pageable"``), with
 ``non_blocking=True``; each copy records an event, kept in a registry under its result's data
 pointer, that the matching wait makes the compute stream wait on. The transfer stream first
 waits for the compute stream, so the source is written and a freshly allocated destination is
@@ -44,7 +45,7 @@ __all__ = ["OFFLOAD_META", "OFFLOAD_OPS", "offload_to_host", "prefetch_to_device
 OFFLOAD_META = "aot_partition_offload"
 
 _lib = torch.library.Library("aot_partition", "FRAGMENT")  # noqa: TOR901 (our namespace)
-_lib.define("offload_to_host(Tensor value) -> Tensor")
+_lib.define("offload_to_host(Tensor value, bool pinned=True) -> Tensor")
 _lib.define("wait_offload(Tensor(a) host, Tensor source) -> Tensor(a)")
 _lib.define("prefetch_to_device(Tensor host, Device device) -> Tensor")
 _lib.define("wait_prefetch(Tensor(a) value, Tensor host) -> Tensor(a)")
@@ -86,10 +87,10 @@ def _wait(value: torch.Tensor, device: torch.device, what: str) -> None:
     torch.cuda.current_stream(device).wait_event(event)
 
 
-def _offload_to_host(value: torch.Tensor) -> torch.Tensor:
+def _offload_to_host(value: torch.Tensor, pinned: bool = True) -> torch.Tensor:
     if value.device.type != "cuda":
         return value.clone(memory_format=torch.contiguous_format)
-    host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=True)
+    host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pinned)
     return _copy_on_side_stream(host, value, value.device)
 
 
@@ -124,7 +125,7 @@ for _name, _impl in (("offload_to_host", _offload_to_host), ("wait_offload", _wa
 
 
 @torch.library.register_fake("aot_partition::offload_to_host", lib=_lib)
-def _offload_to_host_fake(value: torch.Tensor) -> torch.Tensor:
+def _offload_to_host_fake(value: torch.Tensor, pinned: bool = True) -> torch.Tensor:
     return value.new_empty(value.shape, device="cpu")
 
 
