@@ -125,13 +125,13 @@ def offload_obstacle(node: fx.Node, saved: Iterable[fx.Node],
                      user_outputs: Iterable[Any]) -> str | None:
     """Why forward node ``node`` cannot be offloaded, or None when it can. ``saved``: the
     cut's saved tensors (forward nodes); ``user_outputs``: the forward's user outputs."""
-    if node not in set(saved):
+    if node not in (saved if isinstance(saved, (set, frozenset)) else set(saved)):
         return "not a saved tensor of this cut (recomputed in the backward, or not read by it)"
     if node.meta.get("recompute") == CheckpointPolicy.MUST_SAVE:
         return "tagged MUST_SAVE (stays on the device)"
     if node.op == "placeholder":
         return "a forward input (its caller holds it: offloading frees nothing)"
-    if node in set(a for a in user_outputs if isinstance(a, fx.Node)):
+    if any(node is a for a in user_outputs):
         return "also a user output of the forward (its caller holds it)"
     val = node.meta.get("val")
     if is_opaque(node) or not isinstance(val, torch.Tensor):
@@ -155,7 +155,7 @@ def choose_offloads(fw_graph: fx.Graph, bw_graph: fx.Graph, num_fwd_outputs: int
     offloadable, else ValueError naming it and why) and, with ``honour_tags``, the saved values
     tagged ``should_offload``; a tag that cannot be honoured gets a note, not an error."""
     _, outputs, slots, _ = _saved_layout(fw_graph, bw_graph, num_fwd_outputs)
-    saved = [outputs[i] for i in slots]
+    saved = {outputs[i] for i in slots}
     user_outputs = outputs[:num_fwd_outputs]
     by_name = {n.name: n for n in fw_graph.nodes}
     chosen: dict[str, str] = {}
@@ -176,8 +176,10 @@ def choose_offloads(fw_graph: fx.Graph, bw_graph: fx.Graph, num_fwd_outputs: int
         if why is not None:
             offloadable = sorted(n.name for n in saved
                                  if offload_obstacle(n, saved, user_outputs) is None)
+            shown = offloadable[:20] + ([f"... {len(offloadable) - 20} more"]
+                                        if len(offloadable) > 20 else [])
             raise ValueError(f"cannot offload '{name}' ({who}): {why}; offloadable saved values "
-                             f"of this cut: {offloadable}")
+                             f"of this cut: {shown}")
         chosen.setdefault(name, who)
     for note in notes:
         log.info("offload: %s", note)
@@ -211,32 +213,35 @@ def _mark(node: fx.Node, role: str, value: str, **facts: Any) -> None:
     node.meta[OFFLOAD_META] = {"role": role, "value": value, **facts}
 
 
-def _new_node(graph: fx.Graph, op: Any, args: tuple[Any, ...], name: str) -> fx.Node:
+def _new_node(graph: fx.Graph, op: Any, args: tuple[Any, ...], name: str, val: Any = None
+              ) -> fx.Node:
+    """A call of ``op``; its fake value is ``val`` (the waits return their first argument)
+    or, when None, ``op`` run on the fake arguments."""
     node = graph.call_function(op, args)
     node.name = graph._graph_namespace.create_name(name, None)
-    node.meta["val"] = _fake_result(op, *args)
+    node.meta["val"] = _fake_result(op, *args) if val is None else val
     return node
 
 
-def _forward_wait_index(order: list[fx.Node], start: int, last_use: int, seconds: float
-                        ) -> tuple[int, float]:
+def _forward_wait_index(order: list[fx.Node], start: int, last_use: int, seconds: float,
+                        compute: Mapping[fx.Node, float]) -> tuple[int, float]:
     """(index of the node the wait follows, compute hidden): the first index at or after
     ``last_use`` where the compute since ``start`` covers ``seconds``, else the last one."""
     covered = 0.0
     for index in range(start + 1, len(order)):
-        covered += _compute_seconds(order[index])
+        covered += compute[order[index]]
         if index >= last_use and covered >= seconds:
             return index, covered
     return len(order) - 1, covered
 
 
-def _prefetch_index(order: list[fx.Node], first_non_input: int, first_use: int, seconds: float
-                    ) -> tuple[int, float]:
+def _prefetch_index(order: list[fx.Node], first_non_input: int, first_use: int, seconds: float,
+                    compute: Mapping[fx.Node, float]) -> tuple[int, float]:
     """(index of the node the prefetch precedes, compute hidden): the latest index whose
     compute up to ``first_use`` covers ``seconds``, else ``first_non_input``."""
     covered = 0.0
     for index in range(first_use - 1, first_non_input - 1, -1):
-        covered += _compute_seconds(order[index])
+        covered += compute.get(order[index], 0.0)
         if covered >= seconds:
             return index, covered
     return first_non_input, covered
@@ -279,13 +284,16 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
     if not chosen:
         return []
     output, outputs, slots, bw_saved = _saved_layout(fw_graph, bw_graph, num_fwd_outputs)
-    saved = [outputs[i] for i in slots]
+    saved = {outputs[i] for i in slots}
+    saved_by_name = {n.name: n for n in saved}
     for name in chosen:
-        node = next((n for n in saved if n.name == name), None)
+        node = saved_by_name.get(name)
         why = ("not a saved tensor of this cut" if node is None
                else offload_obstacle(node, saved, outputs[:num_fwd_outputs]))
         if why is not None:
             raise ValueError(f"cannot offload '{name}': {why}")
+    # Each node's roofline seconds, once (the rewrite's own nodes count 0).
+    compute = {n: _compute_seconds(n) for g in (fw_graph, bw_graph) for n in g.nodes}
     fw_order = [n for n in fw_graph.nodes if n.op != "output"]
     fw_index = {n: i for i, n in enumerate(fw_order)}
     done: list[OffloadedValue] = []
@@ -304,14 +312,15 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
         # forward: copy out as soon as it exists; wait (and free) once the copy is hidden
         last_use = max((fw_index[u] for u in value.users if u.op != "output"),
                        default=fw_index[value])
-        wait_after, fw_hidden = _forward_wait_index(fw_order, fw_index[value], last_use, seconds)
+        wait_after, fw_hidden = _forward_wait_index(fw_order, fw_index[value], last_use, seconds,
+                                                   compute)
         with fw_graph.inserting_after(value):
             host = _new_node(fw_graph, offload_to_host, (value, pinned), f"{value.name}_to_host")
         # (nothing after the value: the wait follows the copy itself)
         with fw_graph.inserting_after(host if wait_after == fw_index[value]
                                       else fw_order[wait_after]):
             host_ready = _new_node(fw_graph, wait_offload, (host, value),
-                                   f"{value.name}_host_ready")
+                                   f"{value.name}_host_ready", host.meta["val"])
         new_outputs[slot] = host_ready
         # backward: the host copy arrives; prefetch it in time for its first use
         _sink_aliases(bw_graph, placeholder)
@@ -320,17 +329,17 @@ def offload_saved_values(fw_graph: fx.Graph, bw_graph: fx.Graph, chosen: Mapping
         first_non_input = next(i for i, n in enumerate(bw_order) if n.op != "placeholder")
         users = sorted(placeholder.users, key=bw_index.__getitem__)
         first_use = bw_index[users[0]]
-        before, bw_hidden = _prefetch_index(bw_order, first_non_input, first_use, seconds)
+        before, bw_hidden = _prefetch_index(bw_order, first_non_input, first_use, seconds,
+                                            compute)
         placeholder.meta = {**placeholder.meta, "val": host.meta["val"]}  # meta is shared
         with bw_graph.inserting_before(bw_order[before]):
+            # The device copy stands for the original value: the backward's views of it
+            # (traced from the original) keep sharing its fake storage (memory simulator).
             fetched = _new_node(bw_graph, prefetch_to_device, (placeholder, device),
-                                f"{value.name}_prefetch")
+                                f"{value.name}_prefetch", value.meta["val"])
         with bw_graph.inserting_before(users[0]):
             ready = _new_node(bw_graph, wait_prefetch, (fetched, placeholder),
-                              f"{value.name}_device_ready")
-        # The device copy stands for the original value: the backward's views of it (traced
-        # from the original) keep sharing its fake storage (the memory simulator's aliasing).
-        fetched.meta["val"] = ready.meta["val"] = value.meta["val"]
+                              f"{value.name}_device_ready", value.meta["val"])
         for user in users:
             user.replace_input_with(placeholder, ready)
         record = OffloadedValue(
