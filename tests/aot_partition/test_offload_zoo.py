@@ -4,12 +4,15 @@ backend="aot_pipeline", nop and Inductor compilers; dynamic shapes)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
 from aot_partition import partitioners as partitioners_module
 from aot_partition.config import PartitionConfig
+from aot_partition.fx.memory import simulate_partition
 from aot_partition.fx.passes.offload_ops import offload_to_host, prefetch_to_device
 from functorch.compile import aot_module, make_boxed_func
 from torch.utils.checkpoint import CheckpointPolicy
@@ -40,6 +43,8 @@ def test_tag_everything_matches_eager(name):
     offloaded = []
 
     def partition(joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        kept = min_cut_rematerialization_partition(
+            copy.deepcopy(joint), joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         for node in joint.graph.nodes:  # tags that cannot be honoured are skipped (a note)
             node.meta["should_offload"] = True
         fw, bw = min_cut_rematerialization_partition(
@@ -47,6 +52,10 @@ def test_tag_everything_matches_eager(name):
             config=PartitionConfig(offload_tagged=True), **kwargs)
         offloaded.extend(n for n in fw.graph.nodes if n.target is offload_to_host)
         assert sum(n.target is prefetch_to_device for n in bw.graph.nodes) == len(offloaded)
+        # The same cut with offloads: each value is off the device over a window, no longer.
+        with_offload, without = simulate_partition(fw, bw), simulate_partition(*kept)
+        assert with_offload.offloaded_bytes > 0 and without.transfers == []
+        assert with_offload.peak_bytes <= without.peak_bytes
         return fw, bw
 
     assert_matches_eager(make_case(name), lambda module: aot_module(
