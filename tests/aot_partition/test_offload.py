@@ -198,6 +198,31 @@ def test_a_view_is_not_offloaded_its_base_would_stay():
                for note in report.notes)
 
 
+def transposed_copy(x):
+    return x.t().clone().sin().sum()  # clone keeps the transposed strides; sin saves it
+
+
+def test_a_strided_dense_value_is_offloaded_with_its_strides():
+    [(fw, bw, _)] = _run(transposed_copy, [torch.randn(8, 16)], default_partition,
+                         tags=("clone",))
+    [copy] = _calls(fw.graph, offload_to_host)
+    assert copy.args[0].meta["val"].stride() == (1, 16) == copy.meta["val"].stride()
+    [fetch] = _calls(bw.graph, prefetch_to_device)
+    assert fetch.meta["val"].stride() == (1, 16)
+
+
+def test_an_overlapping_value_is_not_offloadable():
+    from aot_partition.fx.offload import offload_obstacle
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    node = graph.call_function(torch.ops.aten.mul.Tensor, (x, x))
+    node.meta["val"] = torch.empty_strided((4, 4), (0, 1))  # rows share memory
+    assert offload_obstacle(node, {node}, []).startswith("not dense")
+    node.meta["val"] = torch.empty_strided((4, 4), (1, 4))  # column-major: dense
+    assert offload_obstacle(node, {node}, []) is None
+
+
 # ---- the planner hook ------------------------------------------------------------------------------
 
 def _with_planner(monkeypatch, plan):

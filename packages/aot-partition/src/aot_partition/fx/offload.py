@@ -15,7 +15,7 @@ passes/offload_ops.py):
 
 Which values may be offloaded (``offload_obstacle``): saved tensors of this cut that are
 computed in the forward (not inputs: the caller holds those), not also user outputs, not
-views (their base stays), contiguous, dense, on CUDA or CPU, and not tagged MUST_SAVE.
+views (their base stays), dense and non-overlapping (strides are kept), on CUDA or CPU, and not tagged MUST_SAVE.
 ``choose_offloads`` merges torch's ``should_offload`` tags with the names a planner asked
 for; an impossible tag is skipped with a note, an impossible requested name raises.
 """
@@ -43,7 +43,7 @@ from .passes.offload_ops import (
     wait_prefetch,
 )
 from .roofline import device_numbers, moves_nothing
-from .sizes import is_opaque, node_nbytes
+from .sizes import is_opaque, node_nbytes, size_hint
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +141,26 @@ def offload_obstacle(node: fx.Node, saved: Iterable[fx.Node],
     if val._is_view() or (isinstance(node.target, torch._ops.OpOverload)
                           and (node.target.is_view or moves_nothing(node))):
         return "a view or alias (its base stays on the device)"
-    if not val.is_contiguous():
-        return "not contiguous"
+    if not _dense(val):
+        return "not dense (overlapping or with gaps: a copy would not keep its strides)"
     if val.device.type not in ("cuda", "cpu"):
         return f"on {val.device.type!r} (only CUDA and CPU values are offloaded)"
     return None
+
+
+def _dense(val: torch.Tensor) -> bool:
+    """Its elements fill its storage span exactly once, in some order of the dimensions
+    (a permutation of a contiguous tensor); sizes by their hints."""
+    dims = sorted((size_hint(stride), size_hint(size))
+                  for size, stride in zip(val.shape, val.stride()) if size_hint(size) != 1)
+    if any(size == 0 for _, size in dims):
+        return True
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def choose_offloads(fw_graph: fx.Graph, bw_graph: fx.Graph, num_fwd_outputs: int,

@@ -88,9 +88,11 @@ def _wait(value: torch.Tensor, device: torch.device, what: str) -> None:
 
 
 def _offload_to_host(value: torch.Tensor, pinned: bool = True) -> torch.Tensor:
+    # Copies keep the value's strides (the mechanism takes dense, non-overlapping values).
     if value.device.type != "cuda":
-        return value.clone(memory_format=torch.contiguous_format)
-    host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=pinned)
+        return value.clone()
+    host = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cpu",
+                               pin_memory=pinned)
     return _copy_on_side_stream(host, value, value.device)
 
 
@@ -107,7 +109,7 @@ def _prefetch_to_device(host: torch.Tensor, device: torch.device) -> torch.Tenso
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     # Allocated on the compute stream (its allocator pool); the side stream waits for it.
-    value = torch.empty(host.shape, dtype=host.dtype, device=device)
+    value = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=device)
     return _copy_on_side_stream(value, host, device)
 
 
@@ -126,7 +128,7 @@ for _name, _impl in (("offload_to_host", _offload_to_host), ("wait_offload", _wa
 
 @torch.library.register_fake("aot_partition::offload_to_host", lib=_lib)
 def _offload_to_host_fake(value: torch.Tensor, pinned: bool = True) -> torch.Tensor:
-    return value.new_empty(value.shape, device="cpu")
+    return value.new_empty_strided(value.shape, value.stride(), device="cpu")
 
 
 @torch.library.register_fake("aot_partition::wait_offload", lib=_lib)
@@ -136,7 +138,7 @@ def _wait_offload_fake(host: torch.Tensor, source: torch.Tensor) -> torch.Tensor
 
 @torch.library.register_fake("aot_partition::prefetch_to_device", lib=_lib)
 def _prefetch_to_device_fake(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return host.new_empty(host.shape, device=device)
+    return host.new_empty_strided(host.shape, host.stride(), device=device)
 
 
 @torch.library.register_fake("aot_partition::wait_prefetch", lib=_lib)
