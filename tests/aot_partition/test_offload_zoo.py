@@ -80,7 +80,10 @@ def planner(monkeypatch):
     pytest.param("mlp", "inductor", marks=pytest.mark.slow)])  # ~25 s: Inductor compiles
 def test_torch_compile_with_the_planner_matches_eager(planner, name, compiler):
     torch._dynamo.reset()
-    with functorch_config.patch(activation_offload_planner=True):
+    # No cache hit from an earlier run: the planner must run (the key holds the flag, not it).
+    with functorch_config.patch(activation_offload_planner=True), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
         assert_matches_eager(make_case(name), lambda module: torch.compile(
             module, backend="aot_pipeline", options={"compiler": compiler}))
     assert planner and planner[0]
