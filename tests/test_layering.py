@@ -141,14 +141,14 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives", "fx.spmd"),
     # fx/passes: graph passes (one function each: graph in, "changed" out)
     ("fx.passes", "fx.passes.cse", "fx.passes.dce", "fx.passes.recompute_tags",
-     "fx.passes.reorder", "fx.passes.rng", "fx.passes.rng_ops"),
+     "fx.passes.reorder", "fx.passes.rng", "fx.passes.rng_ops", "fx.passes.offload_ops"),
     # the joint prepared for partitioning (checks + passes, undone afterwards)
     ("fx.prepare",),
     # per-node classification, policy, the translation into the core, min-cut solve,
     # forward/backward cutting
     ("fx.classify", "fx.extract", "fx.policy", "fx.network", "fx.solve", "fx.regions"),
     # runtime estimates and the memory simulator
-    ("fx.estimators", "fx.roofline", "fx.memory"),
+    ("fx.estimators", "fx.roofline", "fx.memory", "fx.offload"),
     # budget/: the memory-budget search
     ("budget", "budget.search"),
     # budgets in bytes or a peak, per-region budgets, the reference check

@@ -218,6 +218,40 @@ collective_bandwidth_gbps: float = flag(
         "'profile' and 'roofline' estimators (collectives are never run to time them).",
 )
 
+# ---- activation offloading (aot_partition.fx.offload) ---------------------------------------------
+
+enable_activation_offloading: bool = flag(
+    False,
+    doc="Offload the saved values tagged should_offload (node.meta, torch's tag) to host memory: "
+        "copied out on a side stream in the forward, prefetched back in the backward.",
+)
+
+activation_offload_planner: bool = flag(
+    False,
+    doc="Let aot_partition.budget.offload_plan choose saved values to offload (when installed); "
+        "should_offload tags are honoured too. MUST_SAVE values are never offloaded.",
+)
+
+
+def _positive_finite_or_none(value: float | None) -> str | None:
+    return None if value is None else _positive_finite(value)
+
+
+activation_offload_cpu_gpu_bw: float | None = flag(
+    None,
+    type=float | None,
+    validator=_positive_finite_or_none,
+    doc="Device<->host bandwidth in GB/s that times offload copies (torch's name); None = the "
+        "roofline device table's link (H100: 50 GB/s, PCIe gen5).",
+)
+
+activation_offload_device: str = flag(
+    "cpu",
+    choices=("cpu", "cpu_pageable"),
+    doc="Where offloaded activations go: pinned host memory ('cpu': asynchronous copies) or "
+        "pageable host memory ('cpu_pageable': no pinned memory used, the copies block more).",
+)
+
 # ---- fake tensors and effects ---------------------------------------------------------------------
 
 fake_tensor_allow_unsafe_data_ptr_access: bool = flag(

@@ -76,6 +76,10 @@ _FLAG_OF_FIELD = {
     "agree_across_ranks": "agree_partition_across_ranks",
     "check_agreement": "check_partition_agreement",
     "collective_bandwidth_gbps": "collective_bandwidth_gbps",
+    "offload_tagged": "enable_activation_offloading",
+    "offload_planner": "activation_offload_planner",
+    "offload_bandwidth_gbps": "activation_offload_cpu_gpu_bw",
+    "offload_device": "activation_offload_device",
 }
 
 
@@ -107,6 +111,17 @@ class PartitionConfig:
     agree_across_ranks: bool = True
     check_agreement: bool = False
     collective_bandwidth_gbps: float = 50.0
+    # Activation offloading (fx/offload.py): torch's should_offload tags, the planner
+    # (budget/offload_plan.py, when installed), the host link (None: the device table's).
+    offload_tagged: bool = False
+    offload_planner: bool = False
+    offload_bandwidth_gbps: float | None = None
+    offload_device: str = "cpu"
+
+    @property
+    def offloading(self) -> bool:
+        """Whether a partition may offload saved values at all."""
+        return self.offload_tagged or self.offload_planner
 
     @classmethod
     def from_flags(cls, **overrides: Any) -> PartitionConfig:

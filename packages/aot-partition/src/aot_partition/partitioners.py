@@ -14,6 +14,8 @@ import copy
 import dataclasses
 import functools
 import gc
+import importlib
+import importlib.util
 import logging
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -43,8 +45,13 @@ from .fx import spmd
 from .fx.checkpoint_split import split_tagged_joint
 from .fx.classify import NodeInfo, classify
 from .fx.estimators import measure_profile, profile_key
-from .fx.extract import default_saved_values, extract_forward_backward
+from .fx.extract import (
+    default_saved_values,
+    extract_forward_backward,
+    extract_forward_backward_graphs,
+)
 from .fx.graph_modules import make_graph_module
+from .fx.offload import OffloadedValue, choose_offloads, offload_saved_values
 from .fx.passes import has_recomputable_ops
 from .fx.policy import MinCutOptions, active_rule_names
 from .fx.prepare import prepared_joint
@@ -52,7 +59,13 @@ from .fx.regions import Regions, find_regions
 from .fx.sizes import node_nbytes
 from .fx.solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
 from .report.pareto import ParetoPoint, sweep, write_pareto_png
-from .report.report import PartitionReport, build_report, default_partition_report, log_report
+from .report.report import (
+    NodeDecision,
+    PartitionReport,
+    build_report,
+    default_partition_report,
+    log_report,
+)
 from .report.trace import trace_partition
 
 log = logging.getLogger(__name__)
@@ -95,12 +108,16 @@ def default_partition(
                 joint_module, num_fwd_outputs=num_fwd_outputs,
                 static_lifetime_input_indices=static_lifetime_input_indices, config=config)
             return fw_module, bw_module
+        offload_cut(joint_module.graph, cut.fw, cut.bw, cut.saved_values, num_fwd_outputs,
+                    config)
         return (make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules),
                 make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules))
     saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
-    fw_module, bw_module, _, _ = extract_forward_backward(
-        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
-        lazy_modules=config.lazy_modules)
+    fw_graph, bw_graph, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
+        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+    offload_cut(joint_module.graph, fw_graph, bw_graph, saved_values, num_fwd_outputs, config)
+    fw_module = make_graph_module(joint_module, fw_graph, code_on_first_use=config.lazy_modules)
+    bw_module = make_graph_module(joint_module, bw_graph, code_on_first_use=config.lazy_modules)
     trace_partition("default_partition",
                     lambda: default_partition_report(saved_values, saved_sym_nodes, config))
     return fw_module, bw_module
@@ -401,6 +418,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
     spmd.check_saved_agreement([*saved_values, *saved_sym_nodes], config)
+    offloaded, offload_notes = offload_cut(joint_graph, cut.fw, cut.bw, saved_values,
+                                           num_fwd_outputs, config)
     fw_module = make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules)
     bw_module = make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules)
     report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,
@@ -410,7 +429,10 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
         peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
         reference_check=choice.reference_check, pareto_points=choice.pareto_points,
-        pareto_png=choice.pareto_png, regions=choice.regions)
+        pareto_png=choice.pareto_png, regions=choice.regions,
+        offloaded=[NodeDecision(v.name, "aot_partition.offload_to_host", v.nbytes, "offloaded",
+                                v.describe()) for v in offloaded])
+    report.notes.extend(offload_notes)
     if regions.whole_forward_fraction() is not None and memory_budget is None:
         report.notes.append(f"memory budget {budget:g} from a region annotation over the whole "
                             "forward (region_activation_memory_budget)")
@@ -418,6 +440,44 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)
     return fw_module, bw_module, report
+
+
+OFFLOAD_PLANNER_MODULE = "aot_partition.budget.offload_plan"
+
+
+def _offload_planner() -> Callable[..., Sequence[str]] | None:
+    """``plan_offload(joint_graph, saved_values, config) -> saved node names`` of the offload
+    planner, None when this install has no planner module."""
+    if importlib.util.find_spec(OFFLOAD_PLANNER_MODULE) is None:
+        return None
+    return importlib.import_module(OFFLOAD_PLANNER_MODULE).plan_offload
+
+
+def offload_cut(joint_graph: fx.Graph, fw_graph: fx.Graph, bw_graph: fx.Graph,
+                saved_values: Sequence[fx.Node], num_fwd_outputs: int, config: PartitionConfig
+                ) -> tuple[list[OffloadedValue], list[str]]:
+    """Offload (fx/offload.py) the saved values of one cut that torch's should_offload tags
+    and, with the planner flag, the planner choose; in place, before the graphs are wrapped.
+    Returns (what was offloaded, notes for the report)."""
+    if not config.offloading:
+        return [], []
+    requested: dict[str, str] = {}
+    notes: list[str] = []
+    if config.offload_planner:
+        plan = _offload_planner()
+        if plan is None:
+            message = (f"activation_offload_planner is on but {OFFLOAD_PLANNER_MODULE} is not "
+                       "installed: only should_offload tags are offloaded")
+            log.warning("%s", message)
+            notes.append(message)
+        else:
+            requested = dict.fromkeys(plan(joint_graph, list(saved_values), config), "planner")
+    chosen, tag_notes = choose_offloads(fw_graph, bw_graph, num_fwd_outputs, requested,
+                                        honour_tags=True)
+    offloaded = offload_saved_values(fw_graph, bw_graph, chosen, num_fwd_outputs=num_fwd_outputs,
+                                     bandwidth_gbps=config.offload_bandwidth_gbps,
+                                     pinned=config.offload_device == "cpu")
+    return offloaded, notes + tag_notes
 
 
 def _print_debug_summary(saved_values: list[fx.Node], fw_module: fx.GraphModule,

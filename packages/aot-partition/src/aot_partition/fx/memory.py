@@ -10,6 +10,9 @@ The model follows how the graphs run eagerly (fx code generation, AOTAutograd's 
   as fx code generation writes ``x = None`` there; a buffer is freed when no value holds it.
 - The forward returns user outputs + saved tensors (+ saved symbolic scalars, no bytes). The
   caller keeps the user outputs to the end of the step; saved tensors become backward inputs.
+- An offloaded value (fx/offload.py) is freed from the device after ``wait_offload`` (its copy
+  out done) and allocated again at ``prefetch_to_device``; its host copy holds no device bytes.
+  Each copy is a ``Transfer`` of the timeline: bytes, estimated seconds, hidden and exposed.
 - The backward's tangents are allocated when it starts; its boxed call clears its argument list,
   so saved values and tangents die after their last backward use. Gradients live to the end.
 
@@ -35,6 +38,7 @@ from torch.fx.experimental.proxy_tensor import py_sym_types
 from ._compat import check_real_tensors, real_kernels
 from .estimators import _signature
 from .joint import is_backward_state, is_bwd_seed_offset, is_tangent
+from .passes.offload_ops import OFFLOAD_META, offload_to_host
 from .sizes import has_no_result, size_hint, tensor_nbytes
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ __all__ = [
     "MeasuredMemory",
     "MemoryStep",
     "MemoryTimeline",
+    "Transfer",
     "clear_workspace_cache",
     "example_value",
     "measure_partition",
@@ -87,6 +92,22 @@ class LiveBuffer:
     kind: str
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """One copy of an offloaded value between the device and host memory."""
+
+    value: str            # the offloaded value
+    direction: str        # "to_host" (forward) or "to_device" (backward prefetch)
+    node: str             # the node issuing the copy
+    nbytes: int
+    seconds: float        # estimated at the host link's bandwidth
+    hidden_seconds: float  # compute it overlaps (roofline)
+
+    @property
+    def exposed_seconds(self) -> float:
+        return max(0.0, self.seconds - self.hidden_seconds)
+
+
 @dataclass
 class MemoryTimeline:
     """The simulated memory of one forward + backward step (bytes include the inputs)."""
@@ -99,6 +120,17 @@ class MemoryTimeline:
     parameter_bytes: int  # the static-lifetime share of the baseline
     saved_bytes: int      # forward-allocated buffers the saved tensors hold (views: their bases)
     end_bytes: int        # live after the backward: inputs, user outputs, gradients
+    transfers: list[Transfer] = field(default_factory=list)  # offload copies, in run order
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes copied to host memory in the forward (each offloaded value once)."""
+        return sum(t.nbytes for t in self.transfers if t.direction == "to_host")
+
+    @property
+    def exposed_transfer_seconds(self) -> float:
+        """Estimated copy time no compute hides, both directions."""
+        return sum(t.exposed_seconds for t in self.transfers)
 
     @property
     def peak_phase(self) -> str:
@@ -181,6 +213,7 @@ class _Memory:
         self.raw: list[_RawStep] = []
         self._pending_alloc: list[_Buffer] = []
         self._pending_free: list[_Buffer] = []
+        self.transfers: list[Transfer] = []
 
     def new(self, name: str, nbytes: int, origin: str) -> _Buffer:
         if nbytes > 0:  # allocators round up to their block size
@@ -255,6 +288,9 @@ def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
     if (node.target is operator.getitem and isinstance(source, fx.Node) and source in env
             and isinstance(source.meta.get("val"), (list, tuple))):
         return _getitem_value(node, env)
+    if node.target is offload_to_host:  # the host copy: no device bytes
+        host = node.meta["val"]
+        return [(_storage_key(host), mem.new(node.name, 0, "computed"))]
     by_key = {key: buf for arg in node.all_input_nodes for key, buf in env.get(arg, [])
               if key is not None}
     value: _Value = []
@@ -335,6 +371,17 @@ def _output_args(graph: fx.Graph) -> list[Any]:
     return pytree.arg_tree_leaves(*output.args)
 
 
+_TRANSFER_ROLES = {"copy_out": "to_host", "prefetch": "to_device"}
+
+
+def _record_transfer(mem: _Memory, node: fx.Node) -> None:
+    facts = node.meta.get(OFFLOAD_META)
+    if node.op != "call_function" or not facts or facts["role"] not in _TRANSFER_ROLES:
+        return
+    mem.transfers.append(Transfer(facts["value"], _TRANSFER_ROLES[facts["role"]], node.name,
+                                  facts["nbytes"], facts["seconds"], facts["hidden_seconds"]))
+
+
 def _run_graph(mem: _Memory, graph: fx.Graph, phase: str, inputs: Sequence[_Value],
                workspace: WorkspaceFn | None = None) -> list[_Value]:
     """Run ``graph``'s nodes on ``inputs`` (the caller's references move into the graph's
@@ -346,6 +393,7 @@ def _run_graph(mem: _Memory, graph: fx.Graph, phase: str, inputs: Sequence[_Valu
         if node.op in ("placeholder", "output"):
             continue
         value = _define(mem, node, env)
+        _record_transfer(mem, node)
         env[node] = value
         mem.hold(value)
         for dead in deletions.get(node, []):
@@ -516,7 +564,7 @@ def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> Memory
         steps=steps, peak_bytes=peak, peak_step=peak_step,
         live_at_peak=_live_at(mem, inputs, peak_step), baseline_bytes=baseline,
         parameter_bytes=sum(b.nbytes for b in inputs.values() if b.origin == "parameter"),
-        saved_bytes=saved_bytes, end_bytes=total)
+        saved_bytes=saved_bytes, end_bytes=total, transfers=list(mem.transfers))
 
 
 def _live_at(mem: _Memory, inputs: dict[int, _Buffer], index: int) -> list[LiveBuffer]:

@@ -70,6 +70,9 @@ class PartitionReport:
     # Under region budgets (several, or not over the whole forward): one row per region and
     # one for the rest of the graph, with its budget, limit and saved bytes.
     regions: list[RegionOutcome] = field(default_factory=list)
+    # Saved values offloaded to host memory (fx/offload.py), reason "offloaded: <bytes> over
+    # <window> (<who asked>)"; they are also in ``saved`` (the host copy is what is saved).
+    offloaded: list[NodeDecision] = field(default_factory=list)
 
     def format(self) -> str:
         """A plain-text table for terminals."""
@@ -86,7 +89,10 @@ class PartitionReport:
         lines.extend(region.describe() for region in self.regions)
         if self.active_rules:
             lines.append(f"ban rules: {', '.join(self.active_rules)}")
-        for title, rows in (("saved", self.saved), ("recomputed", self.recomputed)):
+        for title, rows in (("saved", self.saved), ("recomputed", self.recomputed),
+                            ("offloaded", self.offloaded)):
+            if title == "offloaded" and not rows:
+                continue
             lines.append(f"{title}:")
             lines.extend(f"  {d.name:<28} {d.op:<36} {d.nbytes:>10}  {d.reason}" for d in rows)
         if self.banned:
