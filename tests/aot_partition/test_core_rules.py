@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from aot_partition.config import MinCutOptions
-from aot_partition.core import CoreGraph, CoreGraphError, CoreNode, partition
+from aot_partition.core import CoreGraph, CoreGraphError, CoreNode, default_save_costs, partition
 from aot_partition.core.rules import LONG_CHAIN, RULES, TORCH_DEFAULT_RULES, rule_bans
 from aot_partition.fx.context import active_rule_names
 
@@ -155,3 +155,26 @@ def test_rule_facts_are_type_checked(field, value, message):
     with pytest.raises(CoreGraphError) as info:
         CoreNode("n", **{field: value})
     assert str(info.value) == message
+
+
+def test_the_save_cost_doubles_only_values_that_never_exist_in_memory():
+    def cost_of_y(y, user_category="pointwise", user_fusible=None):
+        graph = CoreGraph((fw("x", category="input"), y,
+                           fw("z", ("y",), user_category, fusible=user_fusible),
+                           bw("g", ("z",), backward=True)))
+        return default_save_costs(graph, recompute_views=False, parameters_are_free=True)[1]
+
+    fused = cost_of_y(fw("y", ("x",)))
+    assert fused == 2 * int(64 * 1.1 ** 2)                      # every user fuses it
+    assert cost_of_y(fw("y", ("x",), output=True)) == fused / 2  # returned: in memory anyway
+    assert cost_of_y(fw("y", ("x",)), user_fusible=False) == fused / 2
+    assert cost_of_y(fw("y", ("x",), "compute"), "concat") == fused  # a concat fuses it
+
+
+def test_a_value_that_is_not_saveable_has_an_infinite_save_cost():
+    graph = CoreGraph((fw("x", category="input"), fw("y", ("x",), "random", saveable=False),
+                       bw("g", ("y",), backward=True)))
+    assert default_save_costs(graph, recompute_views=False, parameters_are_free=True)[1] == (
+        float("inf"))
+    assert rule_bans(graph, "random_op") == {
+        "y": "random op: recomputing costs a second draw and a saved RNG state"}

@@ -190,8 +190,8 @@ class CoreNode:
     def unchecked(cls, **fields: Any) -> CoreNode:
         """A node built without ``__init__``'s checks, for a front end whose values are valid
         by construction (the fx adapter builds one per joint-graph node, thousands per
-        partition). ``fields`` must name every field but ``runtime`` and ``ban``; ``inputs``
-        must be a tuple. A ``CoreGraph`` still checks ids, inputs and cycles."""
+        partition). ``fields`` must name every field ``_UNCHECKED_DEFAULTS`` does not;
+        ``inputs`` must be a tuple. A ``CoreGraph`` still checks ids, inputs and cycles."""
         node = object.__new__(cls)
         node.__dict__.update(_UNCHECKED_DEFAULTS, **fields)  # frozen: no __setattr__
         return node
