@@ -18,9 +18,6 @@ from torch._higher_order_ops.effects import has_effects
 
 from ..config import MinCutOptions, PartitionConfig
 from .classify import NodeInfo, OpTypes
-from .joint import aten_packet
-
-aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
@@ -46,12 +43,6 @@ class PolicyContext:
         config = config if config is not None else PartitionConfig.from_flags()
         return cls(op_types, node_info, options, config.recompute_views,
                    config.max_dist_from_bw, config.treat_parameters_as_free_to_save)
-
-    def is_fusible(self, producer: fx.Node, consumer: fx.Node) -> bool:
-        # Memory can be fused into a cat, but a cat cannot produce into a fusion.
-        if aten_packet(consumer) is aten.cat:
-            return True
-        return self.op_types.is_fusible(producer) and self.op_types.is_fusible(consumer)
 
 
 def is_effectful(node: fx.Node, memo: dict[Any, bool] | None = None) -> bool:
