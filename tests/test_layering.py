@@ -133,8 +133,8 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("errors", "flags", "config", "_moved"),
     # core/: the graph-agnostic core on plain data (numpy/scipy only)
     ("core.milp_limits", "core.mincut", "core.mincut_scipy", "core.knapsack", "core.graph",
-     "core.ilp_graph", "core.offload_milp", "core.load", "core.timeline", "core.report",
-     "core.budget", "core"),
+     "core.ilp_graph", "core.offload_milp", "core.rules", "core.load", "core.timeline",
+     "core.report", "core.budget", "core"),
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
     # collectives, the rank agreement (they may import each other; the cycle test keeps them
     # acyclic)
@@ -146,7 +146,8 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("fx.prepare",),
     # per-node classification, policy, the translation into the core, min-cut solve,
     # forward/backward cutting
-    ("fx.classify", "fx.extract", "fx.policy", "fx.network", "fx.solve", "fx.regions"),
+    ("fx.classify", "fx.context", "fx.extract", "fx.policy", "fx.network", "fx.solve",
+     "fx.regions"),
     # runtime estimates and the memory simulator
     ("fx.estimators", "fx.roofline", "fx.memory", "fx.offload"),
     # budget/: the memory-budget search

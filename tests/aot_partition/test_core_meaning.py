@@ -129,10 +129,12 @@ def test_from_dicts_checks_like_the_constructor():
                                       forward=True, runtime=1.5)
     assert message(lambda: CoreGraph.from_dicts([*records, {"id": "y", "input": ["x"]}])) == (
         "node 'y' has unknown key 'input'; valid keys: id, inputs, nbytes, category, forward, "
-        "backward, in_backward, runtime, ban, allow_recompute, must_recompute, save_cost")
+        "backward, in_backward, runtime, ban, allow_recompute, must_recompute, save_cost, "
+        "saveable, op, fusible, recomputable, output, trivial")
     assert message(lambda: CoreGraph.from_dicts([{"inputs": []}])) == (
         "node 0 has no 'id'; valid keys: id, inputs, nbytes, category, forward, backward, "
-        "in_backward, runtime, ban, allow_recompute, must_recompute, save_cost")
+        "in_backward, runtime, ban, allow_recompute, must_recompute, save_cost, saveable, op, "
+        "fusible, recomputable, output, trivial")
     assert message(lambda: CoreGraph.from_dicts(["x"])) == (
         "node 0 is a str; each node is a dict of CoreNode fields")
     assert message(lambda: CoreGraph.from_dicts({"id": "x"})) == (

@@ -120,6 +120,7 @@ def test_core_names_without_torch_do_not_need_the_extra():
 def _readme_example() -> str:
     text = README.read_text()
     section = text[text.index(SECTION):]
+    section = section[:section.find("\n## ", len(SECTION))] if "\n## " in section else section
     blocks = re.findall(r"^```python\n(.*?)^```", section, re.M | re.S)
     assert len(blocks) == 1, f"{SECTION} must hold one python block, found {len(blocks)}"
     return blocks[0]

@@ -12,7 +12,8 @@ encode what cannot be cut: data dependencies (``n_out -> user_in``), bans on rec
 (``source -> n_in``) and backward needs (``-> sink``).
 
 Rules the core owns (the category-level ones; a front end adds its own heuristics as ban
-reasons, per node in the description or per call in ``partition(bans=...)``):
+reasons, per node in the description or per call in ``partition(bans=...)``, and turns on
+torch's named ban rules per call, ``partition(rules=...)``, see ``rules.py``):
 
 - ``input``/``parameter`` forward nodes are banned ("primal input"), ``seed`` ones too
   ("forward RNG seed"); ``effectful`` and ``random`` forward nodes are banned unless the node
@@ -24,8 +25,9 @@ reasons, per node in the description or per call in ``partition(bans=...)``):
   views under ``recompute_views``, 0 for parameters under ``parameters_are_free``, the bytes
   for ``symbolic`` scalars, and else the bytes biased towards nodes near the backward
   (x1.1 per hop, 1 to 100 hops) and doubled when the value would otherwise never exist in
-  memory (every user fuses it: fusible categories are view, pointwise, reduction, random,
-  symbolic).
+  memory (not an input nor an ``output``, and every user fuses it: both are ``fusible``, by
+  default the categories view, pointwise, reduction, random, symbolic, or the user is a
+  ``concat``).
 
 The graph is validated once when a ``CoreGraph`` is built; its network structure is cached on
 it, so repeated ``partition`` calls (a memory-budget search) only redo the bans and capacities.
@@ -44,6 +46,17 @@ import numpy as np
 
 from ..errors import InfeasibleMinCutError
 from .mincut import FlowNetwork, MinCut, get_solver, infinite_path
+from .rules import (
+    EFFECTFUL_REASON,
+    INPUT_CATEGORIES,
+    MAX_DIST_FROM_BW,
+    RANDOM_REASON,
+    RuleError,
+    apply_rules,
+    distances_from_backward,
+    is_materialized,
+    rule_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +80,21 @@ CATEGORIES: dict[str, str] = {
     "pointwise": "an elementwise op (fusible)",
     "reduction": "a reduction (fusible)",
     "compute": "a compute-intensive op (matmul, convolution, attention)",
+    "concat": "a concatenation (its inputs fuse into it: they can be written in place)",
+    "collective": "a collective communication op or its wait (the collective rule bans it)",
     "random": "an op that draws random numbers (banned unless allow_recompute)",
     "effectful": "an op with a side effect (banned unless allow_recompute)",
     "symbolic": "a symbolic scalar (a size); saving costs its bytes",
     "opaque": "a value that is not a tensor (cannot be saved)",
     "other": "any other op",
 }
-FUSIBLE = frozenset({"view", "pointwise", "reduction", "random", "symbolic"})
-INPUT_CATEGORIES = frozenset({"input", "parameter", "seed", "tangent"})
 # Category -> the ban a forward node of it gets when the front end gives no reason.
 CATEGORY_BANS: dict[str, str] = {
     "input": "primal input",
     "parameter": "primal input",
     "seed": "forward RNG seed",
-    "effectful": "effectful op: recomputing would repeat its side effect",
-    "random": "random op: recomputing costs a second draw and a saved RNG state",
+    "effectful": EFFECTFUL_REASON,
+    "random": RANDOM_REASON,
 }
 SOLVER_DEFAULT = "scipy"
 
@@ -89,7 +102,6 @@ SOURCE, SINK = 0, 1
 # Edge kinds, for reading a reason back (reasons are formatted only for error messages).
 SAVE, USES, TO_SINK_COMPUTE, TO_SINK_AVAILABLE, TO_SINK_RECOMPUTE, BAN = range(6)
 _DISTANCE_CAP = 100     # hops beyond which the save-cost bias stops growing
-_FAR = int(1e9)         # distance of nodes that never reach the backward
 
 # Decision kinds.
 SAVED, RECOMPUTED, BACKWARD, FORWARD = "saved", "recomputed", "backward", "forward"
@@ -110,6 +122,15 @@ class CoreNode:
     checkpoint annotation; it is recomputed in the backward whatever it costs.
     ``save_cost``: overrides the category's save cost (``math.inf``: cannot be saved).
     ``runtime``: an estimate of its cost to compute (reported as recompute time).
+    ``saveable``: False when its value is not a tensor (a tuple of outputs, None): it cannot
+    be saved whatever its category (category ``opaque`` implies it).
+
+    Facts the ban rules read (``rules.py``; each defaults to what the category says):
+    ``op``: the op's name, named in reasons. ``fusible``: the op fuses with its neighbours
+    (default: the category is fusible). ``recomputable``: the op is in the allowlist of
+    recomputable ops (default: view, pointwise, reduction, symbolic). ``output``: the graph
+    returns it (its value exists in memory). ``trivial``: computing it is no work (a tuple
+    projection, a constant); the per-node rules skip it.
     """
 
     id: str
@@ -124,6 +145,12 @@ class CoreNode:
     allow_recompute: bool = False
     must_recompute: bool = False
     save_cost: float | None = None
+    saveable: bool = True
+    op: str = ""
+    fusible: bool | None = None
+    recomputable: bool | None = None
+    output: bool = False
+    trivial: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -157,20 +184,33 @@ class CoreNode:
             raise CoreGraphError(f"node '{self.id}' is a tangent (an input of the backward) "
                                  f"but forward={self.forward}, in_backward={self.in_backward}; "
                                  "a tangent has in_backward=True and forward=False")
+        self._check_rule_facts()
+
+    def _check_rule_facts(self) -> None:
+        if not isinstance(self.op, str):
+            raise CoreGraphError(f"node '{self.id}' has op {self.op!r}; must be a string (the "
+                                 "op's name, for reasons)")
+        for name in ("fusible", "recomputable"):
+            if getattr(self, name) not in (None, True, False):
+                raise CoreGraphError(f"node '{self.id}' has {name} {getattr(self, name)!r}; "
+                                     "must be True, False or None (by category)")
 
     @classmethod
     def unchecked(cls, **fields: Any) -> CoreNode:
         """A node built without ``__init__``'s checks, for a front end whose values are valid
         by construction (the fx adapter builds one per joint-graph node, thousands per
-        partition). ``fields`` must name every field but ``runtime`` and ``ban``; ``inputs``
-        must be a tuple. A ``CoreGraph`` still checks ids, inputs and cycles."""
+        partition). ``fields`` must name every field ``_UNCHECKED_DEFAULTS`` does not;
+        ``inputs`` must be a tuple. A ``CoreGraph`` still checks ids, inputs and cycles."""
         node = object.__new__(cls)
         node.__dict__.update(_UNCHECKED_DEFAULTS, **fields)  # frozen: no __setattr__
         return node
 
 
-_UNCHECKED_DEFAULTS: dict[str, Any] = {"runtime": 0.0, "ban": None}
-_BOOL_FIELDS = ("forward", "backward", "in_backward", "allow_recompute", "must_recompute")
+_UNCHECKED_DEFAULTS: dict[str, Any] = {"runtime": 0.0, "ban": None, "op": "", "fusible": None,
+                                       "recomputable": None, "output": False, "trivial": False,
+                                       "saveable": True}
+_BOOL_FIELDS = ("forward", "backward", "in_backward", "allow_recompute", "must_recompute",
+                "output", "trivial", "saveable")
 
 
 def _is_int(value: object) -> bool:
@@ -462,40 +502,6 @@ def _build_structure(graph: CoreGraph) -> _Structure:
                       np.asarray(kinds, dtype=np.int8), save_edge, edge_node, bannable, names)
 
 
-def distances_from_backward(graph: CoreGraph) -> np.ndarray:
-    """Hops from each forward node to its nearest user outside the forward (0 outside it);
-    forward nodes that never reach the backward get a large distance."""
-    nodes, users = graph.nodes, graph.users
-    dist = np.zeros(len(nodes), dtype=np.int64)
-    for i in _reverse_topological(graph):
-        if nodes[i].forward:
-            dist[i] = min((dist[u] + 1 for u in users[i]), default=_FAR)
-    return np.minimum(dist, _FAR)
-
-
-def _reverse_topological(graph: CoreGraph) -> list[int]:
-    """Node positions, every node after all of its users."""
-    pending = [len(u) for u in graph.users]
-    order = [i for i, count in enumerate(pending) if count == 0]
-    inputs = graph.input_indices
-    for i in order:  # grows while iterated: a Kahn queue over "read by"
-        for j in inputs[i]:
-            pending[j] -= 1
-            if pending[j] == 0:
-                order.append(j)
-    return order
-
-
-def _is_materialized(graph: CoreGraph, i: int) -> bool:
-    """Whether node ``i``'s value exists in memory anyway: an input, or a use that cannot fuse."""
-    node = graph.nodes[i]
-    if node.category in INPUT_CATEGORIES:
-        return True
-    if node.category not in FUSIBLE:
-        return bool(graph.users[i])
-    return any(graph.nodes[u].category not in FUSIBLE for u in graph.users[i])
-
-
 def default_save_costs(graph: CoreGraph, *, recompute_views: bool,
                        parameters_are_free: bool) -> np.ndarray:
     """Per node, the cost of saving it (see the module doc); ``save_cost`` overrides win."""
@@ -507,7 +513,8 @@ def default_save_costs(graph: CoreGraph, *, recompute_views: bool,
     for i, node in enumerate(graph.nodes):
         if node.save_cost is not None:
             costs[i] = node.save_cost
-        elif node.category == "opaque" or (recompute_views and node.category == "view"):
+        elif (not node.saveable or node.category == "opaque"
+              or (recompute_views and node.category == "view")):
             costs[i] = math.inf
         elif node.category == "parameter" and parameters_are_free:
             costs[i] = 0.0
@@ -517,14 +524,16 @@ def default_save_costs(graph: CoreGraph, *, recompute_views: bool,
             dist = distances_from_backward(graph) if dist is None else dist
             hops = max(min(int(dist[i]), _DISTANCE_CAP), 1)
             cost = int(node.nbytes * (1.1 ** hops))
-            costs[i] = cost if _is_materialized(graph, i) else cost * 2
+            costs[i] = cost if is_materialized(graph, i) else cost * 2
     graph._cache[("costs", recompute_views, parameters_are_free)] = costs
     return costs
 
 
 def _ban_reasons(graph: CoreGraph, bans: Mapping[str, str] | None,
-                 release: Collection[str]) -> dict[int, str]:
-    """Position -> ban reason, in node order: the node's own, the call's, the category's."""
+                 release: Collection[str], rules: tuple[str, ...] = (),
+                 max_dist_from_bw: int = MAX_DIST_FROM_BW) -> dict[int, str]:
+    """Position -> ban reason: the node's own, the call's, the category's, the per-node rules'
+    (in node order), then the graph-wide rules' (in the order made)."""
     index = graph.index
     call = _positions(graph, bans if bans is not None else {})
     names = _id_collection("release", release)
@@ -543,7 +552,11 @@ def _ban_reasons(graph: CoreGraph, bans: Mapping[str, str] | None,
             reason = CATEGORY_BANS.get(node.category)
         if reason is not None:
             found[i] = reason
-    return found
+    if not rules:
+        return found
+    eligible = bannable.copy()
+    eligible[list(released)] = False
+    return apply_rules(graph, rules, found, eligible, max_dist_from_bw)
 
 
 def _positions(graph: CoreGraph, bans: Mapping[str, str]) -> dict[int, str]:
@@ -614,7 +627,7 @@ def _save_reason(graph: CoreGraph, i: int, cost: float) -> str:
     if not math.isinf(cost):
         return "save cost"
     node = graph.nodes[i]
-    if node.save_cost is None and node.category == "opaque":
+    if node.save_cost is None and (node.category == "opaque" or not node.saveable):
         return "cannot save: not a tensor"
     if node.save_cost is None and node.category == "view":
         return "cannot save: view op (recompute_views=True)"
@@ -640,7 +653,7 @@ class CorePartition:
     graph: CoreGraph
     saved_indices: np.ndarray        # int64, positions in graph order
     cost: float                      # the cut's value: total save cost of the saved nodes
-    banned_at: dict[int, str]        # position -> ban reason, in node order
+    banned_at: dict[int, str]        # position -> ban reason (see _ban_reasons for the order)
     network: FlowNetwork
     cut: MinCut
     solver: str
@@ -713,11 +726,16 @@ class CorePartition:
 
 def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEFAULT,
               bans: Mapping[str, str] | None = None, release: Collection[str] = (),
-              recompute_views: bool = False, parameters_are_free: bool = True) -> CorePartition:
+              recompute_views: bool = False, parameters_are_free: bool = True,
+              rules: Collection[str] = (),
+              max_dist_from_bw: int = MAX_DIST_FROM_BW) -> CorePartition:
     """The cheapest set of values to save so the backward can run (a minimum cut).
 
     ``bans``: extra ban reasons for this call (id -> reason; the node's own ``ban`` wins).
     ``release``: ids whose bans are lifted. ``solver``: a name of ``mincut.SOLVERS``.
+    ``rules``: names of torch's ban rules to apply (``rules.RULES``; default none: only the
+    category bans; ``rules.TORCH_DEFAULT_RULES`` is torch's default set).
+    ``max_dist_from_bw``: the hops beyond which ``too_far_from_backward`` bans.
     Raises InfeasibleMinCutError (with the offending path) when nothing finite separates the
     forward inputs from what the backward needs.
     """
@@ -730,7 +748,13 @@ def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEF
     if not isinstance(solver, str):
         raise CoreGraphError(f"solver must be a solver name (a string), got {solver!r}")
     check_release(graph, release)
-    banned = _ban_reasons(graph, bans, release)
+    try:
+        names = rule_names(rules)
+    except RuleError as exc:
+        raise CoreGraphError(str(exc)) from None
+    if not _is_int(max_dist_from_bw) or max_dist_from_bw < 0:
+        raise CoreGraphError(f"max_dist_from_bw must be an int >= 0, got {max_dist_from_bw!r}")
+    banned = _ban_reasons(graph, bans, release, names, int(max_dist_from_bw))
     network = build_network(graph, banned, recompute_views=recompute_views,
                             parameters_are_free=parameters_are_free)
     cut = get_solver(solver)(network)

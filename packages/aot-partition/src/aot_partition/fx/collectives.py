@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from ..core.rules import COLLECTIVE_REASON
 from .sizes import tensor_nbytes
 
 __all__ = [
@@ -35,8 +36,6 @@ __all__ = [
 # torch's functional collectives (the legacy namespace and the autograd-aware one included).
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional",
                                    "_c10d_functional_autograd"})
-COLLECTIVE_REASON = ("collective: recomputing it repeats network traffic and can deadlock if "
-                     "ranks disagree")
 GB = 1e9
 
 

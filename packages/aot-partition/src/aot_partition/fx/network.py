@@ -1,86 +1,117 @@
 """The torch.fx front end of the graph-agnostic core: an fx joint graph described in core terms.
 
 ``describe`` turns the joint graph into a ``core.CoreGraph`` once per partition: per node its
-inputs, bytes, category, where it is needed (from ``NodeInfo``), checkpoint marks and its fx
-save cost (the bias towards the backward and the doubling of fused values read the fx op
-categories, so the front end computes them). ``fx_bans`` gives one cut's bans: the per-node
-heuristics of ``policy.py`` (memoized per options) and the graph-wide ones, which depend on
-the bans before them and on ``dont_ban``. ``core.partition`` builds the network and solves it.
+inputs, bytes, category, op name, where it is needed (from ``NodeInfo``), whether its op fuses
+and is in the allowlist of recomputable ops, checkpoint marks, and the bans only fx can see
+(SAC tags, un-replayable RNG, opaque objects). The core does the rest: the save costs, torch's
+ban rules (``core.rules``, named as ``policy.active_rule_names`` lists them), the network, the
+cut and every reason. ``cut_fx_graph`` makes one cut; ``core_graph_of`` is the description a
+tool or test can hand to ``core.partition`` itself (``core_call_of`` adds the call's options).
 
 The memory-budget search cuts the same joint several times with different options and
 ``dont_ban`` sets; a ``NetworkMemo`` that the caller owns keeps the description (and, inside
-it, the core's network structure) and the per-options bans across those cuts.
+it, the core's network structure and rule answers) across those cuts.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import operator
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx as fx
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
 
+from ..config import MinCutOptions, PartitionConfig
 from ..core.graph import CoreGraph, CoreNode, CorePartition, partition
+from ..core.rules import use_distances
 from ..errors import PartitionError
-from .joint import is_bwd_seed_offset, is_fwd_seed_offset, is_primal, is_random, is_tangent
-from .passes.recompute_tags import RECOMPUTE_POLICIES
-from .policy import PolicyContext, RuleAnswers, graph_wide_bans, is_effectful
-from .sizes import is_opaque, is_opaque_value, node_nbytes, sym_node_size, tensor_nbytes
+from .classify import classify, default_op_types
+from .collectives import is_collective
+from .context import PolicyContext, active_rule_names, is_effectful
+from .joint import aten_packet, is_bwd_seed_offset, is_fwd_seed_offset, is_random, is_tangent
+from .passes.recompute_tags import RECOMPUTE_POLICIES, must_save
+from .passes.rng import replay_obstacle
+from .prepare import prepared_joint
+from .sizes import is_opaque_value, node_nbytes, sym_node_size, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
-# Capacity for values that are very expensive but not impossible to save (SymFloats).
-INT_INF = int(1e6)
-_NOT_A_TENSOR = "cannot save: not a tensor"
 # Why an opaque object computed in the forward (a script object an op returns) is saved.
 OPAQUE_BAN = "opaque object: never recomputed"
-
-
-def save_cost(node: fx.Node, ctx: PolicyContext, nbytes: int | None = None
-              ) -> tuple[float, str]:
-    """Capacity of ``node``'s in->out edge and, for infinite ones, why it cannot be saved.
-
-    ``nbytes``: ``node_nbytes(node)`` when the caller has it already (tensors only)."""
-    val = node.meta.get("val")
-    if isinstance(val, py_sym_types):  # is_sym_node, with the value already in hand
-        return float(sym_node_size(node)), ""
-    if not isinstance(val, torch.Tensor):
-        if "val" not in node.meta and node.op == "call_function":
-            node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
-        if isinstance(val, BackwardState) or is_opaque_value(val):
-            return 0.0, ""  # an opaque object is never priced as memory (nor recomputed)
-        return math.inf, _NOT_A_TENSOR
-    if ctx.treat_params_as_free and node in ctx.node_info.static_lifetime_inputs:
-        return 0.0, ""
-    if ctx.recompute_views and ctx.op_types.is_view(node):
-        return math.inf, "cannot save: view op (recompute_views=True)"
-    if isinstance(val, py_sym_types) and not isinstance(val, torch.SymInt):
-        return float(INT_INF), "cannot save: SymFloat"
-    dist = ctx.node_info.dist_from_bw.get(node, 0)
-    # Bias towards saving nodes close to the backward (seed 004's guess of 1.1 per hop).
-    nbytes = node_nbytes(node) if nbytes is None else nbytes
-    cost = int(nbytes * (1.1 ** max(min(dist, 100), 1)))
-    return float(cost if ctx.is_materialized(node) else cost * 2), ""
+_CONSTANTS = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)
 
 
 @dataclass
 class FxDescription:
-    """An fx joint graph in core terms, plus the maps back to fx nodes."""
+    """An fx joint graph in core terms, plus the map back to fx nodes."""
 
     graph: CoreGraph
     nodes: list[fx.Node]              # core position -> fx node
-    ban_steps: list[fx.Node]          # nodes the network may ban, in graph order
+    never_banned: tuple[str, ...]     # ids released in every cut (SymFloats: can_be_banned)
     exempt: frozenset[fx.Node]        # never banned whatever dont_ban says (can_be_banned)
+    # position of each node in ``nodes``
+    positions: dict[fx.Node, int]
 
 
-def _category(node: fx.Node, ctx: PolicyContext, why_unsaveable: str,
-              by_target: dict[Any, str]) -> str:
-    """The node's core category (see core.CATEGORIES); fx-specific costs are overrides."""
+@dataclass(frozen=True)
+class _OpFacts:
+    """What a node's target says, whoever calls it."""
+
+    category: str
+    fusible: bool
+    recomputable: bool
+    op: str
+
+
+def _op_facts(node: fx.Node, ctx: PolicyContext, memo: dict[Any, _OpFacts]) -> _OpFacts:
+    try:
+        return memo[node.target]
+    except KeyError:
+        facts = memo[node.target] = _facts_of(node, ctx)
+    except TypeError:  # an unhashable target
+        facts = _facts_of(node, ctx)
+    return facts
+
+
+def _facts_of(node: fx.Node, ctx: PolicyContext) -> _OpFacts:
+    op_types = ctx.op_types
+    packet = aten_packet(node)
+    return _OpFacts(_op_category(node, ctx, packet), op_types.is_fusible(node),
+                    op_types.is_recomputable(node), str(packet))
+
+
+def _op_category(node: fx.Node, ctx: PolicyContext, packet: Any) -> str:
+    """The category an op's target gives every node that calls it (core.CATEGORIES)."""
+    op_types = ctx.op_types
+    if op_types.is_view(node):
+        return "view"
+    if is_effectful(node, ctx.effects):
+        return "effectful"
+    if is_collective(node):
+        return "collective"
+    if op_types.is_random(node) or is_random(node):
+        return "random"
+    if op_types.is_compute_intensive(node):
+        return "compute"
+    if packet is torch.ops.aten.cat:
+        return "concat"
+    return "pointwise" if op_types.is_fusible(node) else "other"
+
+
+def _saveable(val: Any) -> bool:
+    """A tensor, a symbolic scalar, an opaque object or backward state (both priced 0); not
+    None nor a tuple of outputs."""
+    return (isinstance(val, (torch.Tensor, BackwardState, *py_sym_types))
+            or is_opaque_value(val))
+
+
+def _category(node: fx.Node, ctx: PolicyContext, facts: _OpFacts) -> str:
     if node.op == "placeholder":
         if is_tangent(node) or is_bwd_seed_offset(node):
             return "tangent"
@@ -89,128 +120,106 @@ def _category(node: fx.Node, ctx: PolicyContext, why_unsaveable: str,
         return "parameter" if node in ctx.node_info.static_lifetime_inputs else "input"
     if is_sym_node(node):
         return "symbolic"
-    if why_unsaveable == _NOT_A_TENSOR:
-        return "opaque"
-    try:
-        return by_target[node.target]
-    except KeyError:
-        category = by_target[node.target] = _op_category(node, ctx)
-    except TypeError:  # an unhashable target
-        category = _op_category(node, ctx)
-    return category
-
-
-def _op_category(node: fx.Node, ctx: PolicyContext) -> str:
-    """The category an op's target gives every node that calls it."""
-    op_types = ctx.op_types
-    if op_types.is_view(node):
-        return "view"
-    if is_effectful(node, ctx.effects):
-        return "effectful"
-    if op_types.is_random(node) or is_random(node):
-        return "random"
-    if op_types.is_compute_intensive(node):
-        return "compute"
-    return "pointwise" if op_types.is_fusible(node) else "other"
+    return facts.category
 
 
 def _nbytes(node: fx.Node, val: Any) -> int:
-    # Informative here (the fx save cost is an override): sizing errors surface from
-    # save_cost, for the nodes whose size matters, as before.
+    """Bytes charged for saving ``node`` (0 for opaque objects and backward state: never
+    priced as memory)."""
     if isinstance(val, torch.Tensor):
         return tensor_nbytes(val)
+    if is_sym_node(node):
+        return sym_node_size(node)
     try:
         return node_nbytes(node)
     except (PartitionError, TypeError):
         return 0
 
 
-def _describe_node(node: fx.Node, ctx: PolicyContext, by_target: dict[Any, str],
+def _describe_node(node: fx.Node, ctx: PolicyContext, memo: dict[Any, _OpFacts],
+                   outputs: set[fx.Node], never_banned: list[str],
                    exempt_nodes: set[fx.Node]) -> CoreNode:
-    """``node`` in core terms; adds it to ``exempt_nodes`` when no ban may apply to it.
-
-    Runs once per joint node: the checks of ``must_recompute`` and ``can_be_banned`` are
-    inlined on the meta and value in hand."""
+    """``node`` in core terms; the checks of ``must_recompute`` and ``can_be_banned`` are
+    inlined on the meta and value in hand (this runs once per joint node)."""
     info = ctx.node_info
     meta = node.meta
     val = meta.get("val")
-    if isinstance(val, torch.Tensor):
-        is_tensor, nbytes = True, tensor_nbytes(val)
-    else:
-        is_tensor, nbytes = False, _nbytes(node, val)
     in_backward = node in info.tangents_closure
+    forward = node in info.required_fw
     annotated_recompute = meta.get("recompute") in RECOMPUTE_POLICIES  # must_recompute
     recompute = not in_backward and annotated_recompute
-    if in_backward or recompute:
-        cost, why = 0.0, ""
-    else:  # a tensor's bytes are known: save_cost need not size it again
-        cost, why = save_cost(node, ctx, nbytes if is_tensor else None)
-    category = _category(node, ctx, why, by_target)
-    # not can_be_banned(node, ctx, ()):
-    exempt = (annotated_recompute or ctx.op_types.is_view(node)
-              or isinstance(val, torch.SymFloat))
+    if not (in_backward or recompute) and "val" not in meta and node.op == "call_function":
+        node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
+    facts = _op_facts(node, ctx, memo)
+    category = _category(node, ctx, facts)
+    symfloat = isinstance(val, torch.SymFloat)
+    exempt = annotated_recompute or category == "view" or symfloat  # not can_be_banned
+    if symfloat:
+        never_banned.append(node.name)
     if exempt:
         exempt_nodes.add(node)
+    trivial = (node.op != "call_function" or node.target is operator.getitem
+               or node.target in _CONSTANTS)
+    ban = None
+    if not (in_backward or recompute or exempt):
+        if is_opaque_value(val) and category not in ("input", "parameter", "seed"):
+            ban = OPAQUE_BAN
+        elif forward and not (node.op != "call_function" or node.target is operator.getitem):
+            if must_save(node):
+                ban = "MUST_SAVE annotation"
+            elif category == "random":
+                ban = replay_obstacle(node)
     # Valid by construction (names unique, categories known, sizes >= 0): skip the checks.
     return CoreNode.unchecked(
         id=node.name,
         # node._input_nodes: all_input_nodes without its list copy (see joint.py)
         inputs=tuple([a.name for a in node._input_nodes]),
-        nbytes=nbytes,
+        nbytes=_nbytes(node, val),
         category=category,
-        forward=node in info.required_fw,
+        forward=forward,
         backward=node in info.required_bw,
         in_backward=in_backward,
         # fx replays a recomputed random op's RNG state (passes/rng.py): its ban is the
-        # policy's call; exempt nodes (can_be_banned) get no category ban either.
+        # rules' call; exempt nodes (can_be_banned) get no category ban either.
         allow_recompute=category == "random" or exempt,
         must_recompute=recompute,
-        save_cost=None if cost == math.inf else cost,
+        save_cost=None,
+        saveable=_saveable(val),
+        ban=ban,
+        op=facts.op if node.op == "call_function" else "",
+        fusible=facts.fusible,
+        recomputable=facts.recomputable,
+        output=node in outputs,
+        trivial=trivial,
     )
 
 
 def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
     """The core description of ``joint_graph`` (every node but the output)."""
     nodes = [n for n in joint_graph.nodes if n.op != "output"]
-    by_target: dict[Any, str] = {}
+    outputs = {a for n in joint_graph.find_nodes(op="output") for a in n._input_nodes}
+    memo: dict[Any, _OpFacts] = {}
+    never_banned: list[str] = []
     exempt: set[fx.Node] = set()
-    core_nodes = tuple(_describe_node(n, ctx, by_target, exempt) for n in nodes)
+    core_nodes = tuple(_describe_node(n, ctx, memo, outputs, never_banned, exempt)
+                       for n in nodes)
     graph = CoreGraph(core_nodes)
-    # The ban step of the network: not for backward nodes nor checkpoint-annotated ones.
-    ban_steps = [n for n, c in zip(nodes, core_nodes) if not c.in_backward and not c.must_recompute]
-    return FxDescription(graph, nodes, ban_steps, frozenset(exempt))
-
-
-def _per_node_bans(desc: FxDescription, ctx: PolicyContext,
-                   answers: RuleAnswers | None = None) -> list[tuple[fx.Node, str]]:
-    """Every per-node ban under ``ctx.options`` (before ``dont_ban``), in graph order.
-
-    ``answers``: the rules' memoized answers, shared by the option sets of one partition."""
-    info = ctx.node_info
-    answers = answers if answers is not None else RuleAnswers(ctx)
-    options = ctx.options
-    found = []
-    for node in desc.ban_steps:
-        if is_primal(node):
-            reason: str | None = "primal input"
-        elif is_fwd_seed_offset(node):
-            reason = "forward RNG seed"
-        elif is_opaque(node):
-            reason = OPAQUE_BAN
-        else:
-            reason = answers.reason(node, options) if node in info.required_fw else None
-        if reason is not None and node not in desc.exempt:
-            found.append((node, reason))
-    return found
+    # The classification counted the hops to the backward already (the core's definition).
+    dist = ctx.node_info.dist_from_bw
+    use_distances(graph, np.fromiter((dist.get(n, 0) for n in nodes), dtype=np.int64,
+                                     count=len(nodes)))
+    return FxDescription(graph, nodes, tuple(never_banned), frozenset(exempt),
+                         {n: i for i, n in enumerate(nodes)})
 
 
 class NetworkMemo:
-    """The description and per-options bans of one joint, kept across the cuts of a partition.
+    """The description of one joint, kept across the cuts of a partition (the core caches its
+    network structure, save costs and rule answers on it).
 
-    They read only the graph, the classification, the op categories, the flags and (bans) the
-    options, none of which change between the cuts of one partition; the memory-budget search
-    hands the same memo to each. Entries are keyed by everything they read, so one memo is safe
-    to share between contexts.
+    It reads only the graph, the classification, the op categories and the flags, none of
+    which change between the cuts of one partition; the memory-budget search hands the same
+    memo to each. Entries are keyed by everything they read, so one memo is safe to share
+    between contexts.
     """
 
     def __init__(self) -> None:
@@ -228,28 +237,17 @@ class NetworkMemo:
         key = ("describe", *map(id, holds), ctx.recompute_views, ctx.treat_params_as_free)
         return self._get(key, holds, lambda: describe(joint_graph, ctx))
 
-    def rule_answers(self, ctx: PolicyContext) -> RuleAnswers:
-        """The per-node rules' answers, shared by every options set (rules ignore options)."""
-        holds = (ctx.node_info, ctx.op_types)
-        key = ("answers", *map(id, holds), ctx.max_dist_from_bw, ctx.recompute_views,
-               ctx.treat_params_as_free)
-        return self._get(key, holds, lambda: RuleAnswers(ctx))
 
-    def node_bans(self, desc: FxDescription, ctx: PolicyContext) -> list[tuple[fx.Node, str]]:
-        holds = (desc, ctx.node_info, ctx.op_types)
-        key = ("bans", *map(id, holds), ctx.options, ctx.max_dist_from_bw,
-               ctx.recompute_views, ctx.treat_params_as_free)
-        return self._get(key, holds, lambda: _per_node_bans(desc, ctx, self.rule_answers(ctx)))
-
-
-def fx_bans(desc: FxDescription, ctx: PolicyContext, dont_ban: Collection[fx.Node],
-            memo: NetworkMemo) -> dict[fx.Node, str]:
-    """One cut's bans, node -> reason: the per-node ones in graph order, then the graph-wide."""
-    banned = {n: why for n, why in memo.node_bans(desc, ctx) if n not in dont_ban}
-    # Both graph-wide heuristics see the bans made so far, including each other's.
-    for node, reason in graph_wide_bans(ctx, banned, dont_ban):
-        banned.setdefault(node, reason)
-    return banned
+def core_options(desc: FxDescription, ctx: PolicyContext,
+                 dont_ban: Collection[fx.Node] = ()) -> dict[str, Any]:
+    """The keyword arguments of ``core.partition`` for one cut of ``desc`` under ``ctx``."""
+    return {
+        "rules": active_rule_names(ctx.options),
+        "max_dist_from_bw": ctx.max_dist_from_bw,
+        "release": [*desc.never_banned, *(n.name for n in dont_ban if n in desc.positions)],
+        "recompute_views": ctx.recompute_views,
+        "parameters_are_free": ctx.treat_params_as_free,
+    }
 
 
 def cut_fx_graph(joint_graph: fx.Graph, ctx: PolicyContext, dont_ban: set[fx.Node] | None,
@@ -257,31 +255,60 @@ def cut_fx_graph(joint_graph: fx.Graph, ctx: PolicyContext, dont_ban: set[fx.Nod
                  ) -> tuple[list[fx.Node], dict[fx.Node, str], CorePartition]:
     """(saved values in graph order, bans, the core's answer) of one min cut."""
     memo = memo if memo is not None else NetworkMemo()
-    dont_ban = dont_ban or set()
     desc = memo.description(joint_graph, ctx)
-    banned = fx_bans(desc, ctx, dont_ban, memo)
-    result = partition(desc.graph, solver=solver, bans={n.name: r for n, r in banned.items()},
-                       release=[n.name for n in dont_ban if n.op != "output"],
-                       recompute_views=ctx.recompute_views,
-                       parameters_are_free=ctx.treat_params_as_free)
-    if len(result.banned_at) != len(banned):  # the core adds category bans: they must agree
-        raise AssertionError(f"fx adapter and core disagree on bans: {len(banned)} vs "
-                             f"{len(result.banned_at)}")
-    for node, reason in banned.items():
-        log.debug("banned from recomputation: %s (%s)", node.name, reason)
-    saved = [desc.nodes[i] for i in result.saved_indices.tolist()]
+    result = partition(desc.graph, solver=solver, **core_options(desc, ctx, dont_ban or ()))
+    nodes = desc.nodes
+    banned = {nodes[i]: why for i, why in result.banned_at.items()}
+    if log.isEnabledFor(logging.DEBUG):
+        for node, reason in banned.items():
+            log.debug("banned from recomputation: %s (%s)", node.name, reason)
+    saved = [nodes[i] for i in result.saved_indices.tolist()]
     return saved, banned, result
+
+
+@dataclass(frozen=True)
+class CoreCall:
+    """One cut as plain data: the core graph and the ``core.partition`` options to cut it
+    with; ``partition()`` gives what the fx path decides (saved set, bans, reasons)."""
+
+    graph: CoreGraph
+    options: dict[str, Any]
+
+    def partition(self, solver: str = "scipy") -> CorePartition:
+        return partition(self.graph, solver=solver, **self.options)
+
+
+def core_call(joint_graph: fx.Graph, ctx: PolicyContext,
+              dont_ban: Collection[fx.Node] = ()) -> CoreCall:
+    """The core graph and options of one cut of a classified joint under ``ctx``."""
+    desc = describe(joint_graph, ctx)
+    return CoreCall(desc.graph, core_options(desc, ctx, dont_ban))
+
+
+def core_graph_of(joint_module: fx.GraphModule, num_fwd_outputs: int, *,
+                  options: MinCutOptions | None = None, config: PartitionConfig | None = None,
+                  static_lifetime_input_indices: Collection[int] | None = None) -> CoreCall:
+    """A joint graph module (as a partitioner receives it) in core terms: classified and
+    described as the min-cut partitioner does, with the options of its first cut (default:
+    ``config.options``; ``config`` defaults to the flags). The joint is prepared
+    (``prepare.prepared_joint``) and restored around the description; the graph's ids are the
+    fx node names. Returns the graph and the ``core.partition`` options of that cut."""
+    config = config if config is not None else PartitionConfig.from_flags()
+    options = options if options is not None else config.options
+    with prepared_joint(joint_module, num_fwd_outputs, config=config):
+        info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
+        ctx = PolicyContext.create(default_op_types(), info, options, config)
+        return core_call(joint_module.graph, ctx)
 
 
 def fx_core_graph(joint_graph: fx.Graph, ctx: PolicyContext,
                   dont_ban: Collection[fx.Node] = ()) -> CoreGraph:
-    """A self-contained core description of one cut: ``describe`` with the cut's bans written
-    into the nodes (for tools and tests; the partitioner passes the bans per call instead)."""
-    memo = NetworkMemo()
-    desc = memo.description(joint_graph, ctx)
-    banned = {n.name: why for n, why in fx_bans(desc, ctx, dont_ban, memo).items()}
-    released = {n.name for n in dont_ban}
+    """A self-contained core description of one cut: ``describe`` with the cut's bans (the
+    rules' included) written into the nodes, so ``core.partition`` with no rules cuts it."""
+    call = core_call(joint_graph, ctx, dont_ban)
+    banned = call.partition().banned
+    released = set(call.options["release"])
     nodes = [replace(c, ban=banned.get(c.id),
                      allow_recompute=c.allow_recompute or c.id in released)
-             for c in desc.graph.nodes]
+             for c in call.graph.nodes]
     return CoreGraph(tuple(nodes))
