@@ -56,7 +56,8 @@ def test_budget_reaches_the_partitioner():
         compiled = aot_pipeline.compile(case.module, compiler="nop", memory_budget=budget)
         run_with_grads(case.module, case.inputs, call=compiled)
         saved[budget] = compiled.saved_activation_bytes
-    assert 0 < saved[0.0] < saved[1.0], saved
+    # At 0.0 everything is recomputed from the inputs, which cost nothing (alive anyway).
+    assert saved[0.0] < saved[1.0] and saved[1.0] > 0, saved
 
 
 def test_saved_bytes_are_those_of_the_forward_graph():

@@ -95,12 +95,28 @@ def _mlp() -> tuple[nn.Module, torch.Tensor]:
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), torch.randn(2, 8)
 
 
+def _dropout_mlp() -> tuple[nn.Module, torch.Tensor]:
+    """Its dropout keeps a mask or an RNG state whatever the cut: 1 byte is out of reach (inputs
+    and parameters cost nothing in the one measure of saved bytes, so an mlp reaches 0)."""
+    torch.manual_seed(0)
+    return (nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 4)),
+            torch.randn(2, 8))
+
+
 UNREACHABLE_1B = ("activation memory budget 1 bytes is unreachable: the least this graph can "
-                  "save is 64 bytes (inputs only)")
+                  "save is 288 bytes (runtime-optimal)")
+
+
+def test_an_mlp_reaches_a_cap_of_0_bytes(fresh_dynamo):
+    model, x = _mlp()
+    compiled = aot_pipeline.compile(model, memory_budget="0B", compiler="nop")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemoryBudgetBestEffortWarning)
+        compiled(x).sum().backward()
 
 
 def test_compile_with_an_unreachable_cap_fails_naming_the_least_size(fresh_dynamo):
-    model, x = _mlp()
+    model, x = _dropout_mlp()
     compiled = aot_pipeline.compile(model, memory_budget="1B", compiler="nop")
     with pytest.raises(Exception) as info:
         compiled(x)
@@ -108,20 +124,22 @@ def test_compile_with_an_unreachable_cap_fails_naming_the_least_size(fresh_dynam
     while not isinstance(cause, UnreachableMemoryBudgetError):  # torch.compile wraps it
         cause = cause.__cause__ or cause.inner_exception
     assert str(cause) == UNREACHABLE_1B
-    assert (cause.cap, cause.least) == (1, 64)
+    assert (cause.cap, cause.least) == (1, 288)
 
 
 def test_compile_best_effort_warns_and_takes_the_least_cut(fresh_dynamo):
-    model, x = _mlp()
+    model, x = _dropout_mlp()
     compiled = aot_pipeline.compile(model, memory_budget="1B", compiler="nop",
                                     memory_budget_best_effort=True)
     with pytest.warns(MemoryBudgetBestEffortWarning) as record:
+        torch.manual_seed(1)
         out = compiled(x)
     out.sum().backward()
     assert [str(w.message) for w in record] == [
         f"{UNREACHABLE_1B}; best effort (activation_memory_budget_best_effort): took the "
-        "inputs only cut at 64 bytes"]
-    expected, _ = _mlp()
+        "runtime-optimal cut at 288 bytes"]
+    expected, _ = _dropout_mlp()
+    torch.manual_seed(1)
     torch.testing.assert_close(out, expected(x))
 
 
@@ -137,12 +155,12 @@ def test_compile_with_a_reachable_cap_does_not_warn(fresh_dynamo):
 def test_the_flag_reaches_the_registered_backend(fresh_dynamo):
     from aot_config import functorch as functorch_flags
 
-    model, x = _mlp()
+    model, x = _dropout_mlp()
     with functorch_flags.patch(activation_memory_budget_bytes=1,
                                activation_memory_budget_best_effort=True):
         compiled = torch.compile(model, backend="aot_pipeline",
                                  options={"compiler": "nop"})
-        with pytest.warns(MemoryBudgetBestEffortWarning, match="took the inputs only cut"):
+        with pytest.warns(MemoryBudgetBestEffortWarning, match="took the runtime-optimal cut"):
             compiled(x)
 
 
@@ -166,8 +184,11 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 CLI_UNREACHABLE = (
     "aot-pipeline: error: argument --memory-budget: activation memory budget 1 bytes is "
-    "unreachable: the least this graph can save is 256 bytes (inputs only); give --memory-budget "
-    "256B or more, or --memory-budget-best-effort to take that cut with a warning")
+    "unreachable: the least this graph can save is 288 bytes (runtime-optimal); give "
+    "--memory-budget 288B or more, or --memory-budget-best-effort to take that cut with a warning")
+# A model whose least cut keeps something (its dropout's mask): every built-in model reaches
+# 0 bytes, the inputs being free in the one measure of saved bytes.
+DROPOUT_MLP = f"{Path(__file__).parent / 'user_models' / 'tiny_factories.py'}:dropout_mlp"
 
 
 def _stderr_lines(result: subprocess.CompletedProcess) -> list[str]:
@@ -176,25 +197,25 @@ def _stderr_lines(result: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_cli_partition_with_an_unreachable_cap_is_one_line():
-    result = _run("partition", "--model", "mlp", "--memory-budget", "1B")
+    result = _run("partition", "--model", DROPOUT_MLP, "--memory-budget", "1B")
     assert (result.returncode, _stderr_lines(result), result.stdout) == (2, [CLI_UNREACHABLE], "")
 
 
 def test_cli_partition_best_effort_warns_and_says_what_it_saved():
-    result = _run("partition", "--model", "mlp", "--memory-budget", "1B",
+    result = _run("partition", "--model", DROPOUT_MLP, "--memory-budget", "1B",
                   "--memory-budget-best-effort")
     assert result.returncode == 0, result.stderr
     assert _stderr_lines(result) == [
         "aot-pipeline: warning: activation memory budget 1 bytes is unreachable: the least this "
-        "graph can save is 256 bytes (inputs only); best effort "
-        "(activation_memory_budget_best_effort): took the inputs only cut at 256 bytes"]
-    assert ("memory budget 1B (a cap of 1 bytes on the saved activations other than parameters; "
-            "256 bytes saved)") in result.stdout
+        "graph can save is 288 bytes (runtime-optimal); best effort "
+        "(activation_memory_budget_best_effort): took the runtime-optimal cut at 288 bytes"]
+    assert ", saved-bytes cap 1 bytes (knapsack solver dp; " in result.stdout
+    assert "saved (288 B)" in result.stdout
 
 
 def test_cli_train_with_an_unreachable_cap_fails_and_writes_nothing(tmp_path):
     target = tmp_path / "r.json"
-    result = _run("train", "--model", "mlp", "--layers", "1", "--steps", "1", "--compiler", "nop",
+    result = _run("train", "--model", DROPOUT_MLP, "--steps", "1", "--compiler", "nop",
                   "--variants", "aot_pipeline", "--no-progress", "--memory-budget", "1B",
                   "--json", str(target))
     assert result.returncode == 2

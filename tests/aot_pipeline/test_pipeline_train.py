@@ -24,11 +24,19 @@ class SinThenSquare(nn.Module):
         return torch.sin(x) ** 2
 
 
-def test_eager_saved_bytes_counts_each_storage_once():
+def test_eager_saved_bytes_counts_each_storage_once_and_not_the_inputs():
     x = torch.randn(4, 8, requires_grad=True)
-    # sin saves x (128 B); pow saves sin(x) (128 B); the loss's pow saves its input (128 B)
-    # and mean saves nothing: three distinct float32 storages of 32 elements.
-    assert eager_saved_bytes(SinThenSquare(), (x,), lambda out: out.pow(2).mean()) == 3 * 128
+    # sin saves x (the input: alive anyway, 0 B); pow saves sin(x) (128 B); the loss's pow
+    # saves its input (128 B) and mean saves nothing: two new float32 storages of 32 elements.
+    assert eager_saved_bytes(SinThenSquare(), (x,), lambda out: out.pow(2).mean()) == 2 * 128
+
+
+def test_eager_saved_bytes_does_not_count_parameters():
+    linear = nn.Linear(8, 8, bias=False)
+    x = torch.randn(4, 8, requires_grad=True)
+    # mm saves x and the (transposed) weight: both alive anyway; the loss's pow saves the
+    # output (4 x 8 float32).
+    assert eager_saved_bytes(linear, (x,), lambda out: out.pow(2).mean()) == 128
 
 
 def test_eager_saved_bytes_is_zero_without_autograd():

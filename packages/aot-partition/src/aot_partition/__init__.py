@@ -46,18 +46,19 @@ if TYPE_CHECKING:
     )
     from .fx.policy import MinCutOptions
     from .fx.regions import region_memory_budget
-    from .fx.sizes import node_nbytes, saved_activation_bytes
+    from .fx.sizes import node_nbytes, saved_activation_bytes, saved_bytes
     from .fx.solve import solve_min_cut
     from .partitioners import (
         MemoryBudgetBestEffortWarning,
         default_partition,
         explain_partition,
         min_cut_rematerialization_partition,
+        partition_with_report,
     )
     from .report.draw import draw_graph
     from .report.memory_plot import write_memory_timeline_png
     from .report.pareto import memory_budget_pareto
-    from .report.report import NodeDecision, PartitionReport
+    from .report.report import GivenBudget, NodeDecision, PartitionReport
 
 # public submodules
 _PUBLIC_SUBMODULES = {"knapsack": ".core.knapsack"}
@@ -93,19 +94,23 @@ _LAZY_ATTRIBUTES: dict[str, str] = {
     "default_partition": ".partitioners",
     "explain_partition": ".partitioners",
     "min_cut_rematerialization_partition": ".partitioners",
+    "partition_with_report": ".partitioners",
     "MinCutOptions": ".fx.policy",
     "RegionOutcome": ".budget.regions",
     "region_memory_budget": ".fx.regions",
+    "GivenBudget": ".report.report",
     "NodeDecision": ".report.report",
     "PartitionReport": ".report.report",
     "node_nbytes": ".fx.sizes",
     "saved_activation_bytes": ".fx.sizes",
+    "saved_bytes": ".fx.sizes",
     "solve_min_cut": ".fx.solve",
 }
 
 __all__ = [
     "FlagConflictError",
     "FlowNetwork",
+    "GivenBudget",
     "GraphCycleError",
     "InfeasibleMinCutError",
     "LiveBuffer",
@@ -136,8 +141,10 @@ __all__ = [
     "memory_budget_pareto",
     "min_cut_rematerialization_partition",
     "node_nbytes",
+    "partition_with_report",
     "region_memory_budget",
     "saved_activation_bytes",
+    "saved_bytes",
     "simulate_joint",
     "simulate_partition",
     "solve_min_cut",

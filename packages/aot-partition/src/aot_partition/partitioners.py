@@ -56,7 +56,7 @@ from .fx.passes import has_recomputable_ops
 from .fx.policy import MinCutOptions, active_rule_names
 from .fx.prepare import prepared_joint
 from .fx.regions import Regions, find_regions
-from .fx.sizes import node_nbytes
+from .fx.sizes import node_nbytes, saved_activation_bytes, saved_bytes
 from .fx.solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
 from .report.pareto import ParetoPoint, sweep, write_pareto_png
 from .report.report import (
@@ -64,6 +64,7 @@ from .report.report import (
     PartitionReport,
     build_report,
     default_partition_report,
+    given_budget,
     log_report,
 )
 from .report.trace import trace_partition
@@ -119,7 +120,8 @@ def default_partition(
     fw_module = make_graph_module(joint_module, fw_graph, code_on_first_use=config.lazy_modules)
     bw_module = make_graph_module(joint_module, bw_graph, code_on_first_use=config.lazy_modules)
     trace_partition("default_partition",
-                    lambda: default_partition_report(saved_values, saved_sym_nodes, config))
+                    lambda: default_partition_report(saved_values, saved_sym_nodes, config,
+                                                     fw_module, num_fwd_outputs))
     return fw_module, bw_module
 
 
@@ -184,18 +186,19 @@ def call_config(config: PartitionConfig | None, memory_budget_bytes: int | None 
 
 
 def _memory_budget(joint_graph: fx.Graph, override: float | None,
-                   config: PartitionConfig, regions: Regions) -> float:
-    """The global budget: ``override``, else a region over the whole forward (torch's case),
-    else a MemoryBudgetMode marker in the graph, else the config's (torch's precedence)."""
+                   config: PartitionConfig, regions: Regions) -> tuple[float, str | None]:
+    """The global budget and where it came from (None: the call or the config): ``override``,
+    else a region over the whole forward (torch's case), else a MemoryBudgetMode marker in the
+    graph, else the config's (torch's precedence)."""
     if override is not None:
-        return validate_memory_budget(override)
+        return validate_memory_budget(override), None
     whole = regions.whole_forward_fraction()
     if whole is not None:
-        return validate_memory_budget(whole)
+        return validate_memory_budget(whole), "a region over the whole forward"
     for node in joint_graph.nodes:  # a MemoryBudgetMode marker in the graph wins over config
         if isinstance(node.meta.get("memory_budget"), float):
-            return validate_memory_budget(node.meta["memory_budget"])
-    return validate_memory_budget(config.memory_budget)
+            return validate_memory_budget(node.meta["memory_budget"]), "a MemoryBudgetMode marker"
+    return validate_memory_budget(config.memory_budget), None
 
 
 @dataclasses.dataclass
@@ -391,7 +394,12 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     joint_graph = joint_module.graph
     node_info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
     regions = find_regions(joint_graph, node_info)
-    budget = _memory_budget(joint_graph, memory_budget, config, regions)
+    budget, budget_source = _memory_budget(joint_graph, memory_budget, config, regions)
+    region_labels = (() if not regions.nodes or regions.whole_forward_fraction() is not None
+                     else (*(f"region {b.label}" for b in regions.nodes),
+                           f"rest (global {budget:g})"))
+    given = given_budget(budget, saved_bytes_cap=config.memory_budget_bytes,
+                         peak_cap=config.peak_bytes, regions=region_labels, source=budget_source)
     if not node_info.required_bw:
         # Nothing needs a backward: the default split is exact and the network would be empty.
         saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
@@ -399,8 +407,9 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
             joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
             lazy_modules=config.lazy_modules)
         return fw_module, bw_module, PartitionReport(
-            [], [], {}, budget, 0, "none", config=config,
-            memory_budget_bytes=config.memory_budget_bytes, peak_bytes=config.peak_bytes)
+            [], [], {}, budget, saved_activation_bytes(fw_module, num_fwd_outputs), "none",
+            config=config, memory_budget_bytes=config.memory_budget_bytes,
+            peak_bytes=config.peak_bytes, budget=given)
     # Simulators of this joint's cuts, by estimator (nothing runs until a cut is measured).
     static = (None if static_lifetime_input_indices is None
               else tuple(static_lifetime_input_indices))
@@ -422,14 +431,14 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
                                            num_fwd_outputs, config)
     fw_module = make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules)
     bw_module = make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules)
-    report = build_report(saved_values, saved_sym_nodes, bw_module, node_info, choice.solution,
-                          budget, cut.replayed, solver=choice.label)
+    report = build_report(saved_values, saved_sym_nodes, fw_module, bw_module, num_fwd_outputs,
+                          node_info, choice.solution, budget, cut.replayed, solver=choice.label)
     report = dataclasses.replace(
         report, active_rules=active_rule_names(choice.options), config=config,
         memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
         peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
         reference_check=choice.reference_check, pareto_points=choice.pareto_points,
-        pareto_png=choice.pareto_png, regions=choice.regions,
+        pareto_png=choice.pareto_png, regions=choice.regions, budget=given,
         offloaded=[NodeDecision(v.name, "aot_partition.offload_to_host", v.nbytes, "offloaded",
                                 v.describe()) for v in offloaded])
     report.notes.extend(offload_notes)
@@ -483,7 +492,8 @@ def offload_cut(joint_graph: fx.Graph, fw_graph: fx.Graph, bw_graph: fx.Graph,
 def _print_debug_summary(saved_values: list[fx.Node], fw_module: fx.GraphModule,
                          bw_module: fx.GraphModule) -> None:
     sizes = sorted((node_nbytes(n), n.name) for n in saved_values)
-    print("Theoretical Activations Stored: ", sum(s for s, _ in sizes) / 1e9)
+    # The total in the one measure (views of inputs free, an activation's views once).
+    print("Theoretical Activations Stored: ", saved_bytes(saved_values) / 1e9)
     print("Per activation: ", sizes)
     fw_ops = {n.name for n in fw_module.graph.nodes if n.op == "call_function"}
     bw_ops = {n.name for n in bw_module.graph.nodes if n.op == "call_function"}

@@ -450,18 +450,29 @@ def _train(args: argparse.Namespace) -> int:
     )
     results = train_all(settings, progress=not args.no_progress)
     print(f"{args.spec.label}, {args.steps} steps on {args.device}; ours: "
-          f"memory budget {args.memory_budget}, solver {args.solver}, compiler {args.compiler}"
+          f"{_budget_words(args.memory_budget)}, solver {args.solver}, compiler {args.compiler}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")
     print(train_table(results))
     if isinstance(args.memory_budget, str):
-        print(f"memory budget {args.memory_budget} caps ours' saved activations other than "
-              "parameters and buffers (alive anyway); the table's saved activations count "
-              "those too")
+        print("the saved-bytes cap and the table's saved activations count the same bytes: "
+              "what the forward keeps alive beyond its inputs (parameters, buffers, the batch "
+              "and views of them cost nothing)")
     if args.json:
         payload = {"settings": {k: v for k, v in asdict(settings).items()},
                    "results": [asdict(r) for r in results]}
         _write_text(args.json, json.dumps(payload, indent=2, default=list))
     return 0 if all(r.matches_eager is not False for r in results) else 1
+
+
+def _budget_words(memory_budget: float | str) -> str:
+    """The budget as aot_partition's reports name it: "memory budget 0.5", "saved-bytes cap
+    300.0 MiB (314572800 bytes)"."""
+    from aot_partition.report.report import given_budget
+
+    if isinstance(memory_budget, str):
+        fraction, nbytes = parse_memory_budget(memory_budget)
+        return given_budget(fraction, saved_bytes_cap=nbytes).describe()
+    return given_budget(memory_budget).describe()
 
 
 def _joints(args: argparse.Namespace) -> list[Any]:
@@ -607,11 +618,10 @@ def _partition(args: argparse.Namespace) -> int:
                                        num_fwd_outputs=joint.num_fwd_outputs,
                                        memory_budget=fraction,
                                        static_lifetime_input_indices=joint.static_input_indices)
-        budget = (f"{args.memory_budget} (a cap of {nbytes} bytes on the saved activations "
-                  f"other than parameters; {report.activation_bytes} bytes saved)"
-                  if nbytes is not None else str(report.memory_budget))
+        # The report's words for the budget and its one measure of saved bytes (inputs and
+        # views of them cost nothing): the same numbers the byte cap compares.
         print(f"{'' if index == 0 else chr(10)}{_graph_label(args, index, len(joints))}, "
-              f"memory budget {budget} (knapsack solver {args.solver}; decided by "
+              f"{report.given_budget.describe()} (knapsack solver {args.solver}; decided by "
               f"{report.solver}): {len(report.saved)} saved "
               f"({format_bytes(report.saved_bytes)}), {len(report.recomputed)} recomputed")
         for title, decisions in (("saved for backward", report.saved),

@@ -5,11 +5,12 @@ losses of the three runs must agree up to float rounding. Each run records:
 
 - ``first_step_s``: wall time of step 1, which includes compiling forward and backward;
 - ``step_s``: median wall time of the later steps;
-- ``saved_bytes``: bytes the forward keeps alive for the backward. Ours: read from the forward
-  graph our partitioner produced; Inductor's: from the forward graph torch's partitioner gave
-  Inductor (captured at ``compile_fx``'s ``inner_compile``); eager: the distinct storages
-  autograd packed during one forward (``saved_tensors_hooks``). Parameters saved for the
-  backward count in all three;
+- ``saved_bytes``: bytes the forward keeps alive for the backward beyond its inputs
+  (``aot_partition.saved_bytes``: inputs, parameters, buffers and views of them cost nothing).
+  Ours: read from the forward graph our partitioner produced; Inductor's: from the forward
+  graph torch's partitioner gave Inductor (captured at ``compile_fx``'s ``inner_compile``);
+  eager: the distinct storages autograd packed during one forward (``saved_tensors_hooks``),
+  less the inputs' and the module's;
 - ``peak_memory_bytes``: peak CUDA memory allocated over the steps after the first (GPU only).
 """
 
@@ -94,12 +95,18 @@ def check_device(device: str) -> torch.device:
 
 def eager_saved_bytes(module: nn.Module, inputs: Sequence[torch.Tensor],
                       loss_fn: Callable[[Any], torch.Tensor]) -> int:
-    """Bytes of the distinct storages autograd saves in one eager forward of ``module``."""
+    """Bytes of the distinct storages autograd saves in one eager forward of ``module``, less
+    those of its inputs, parameters and buffers (alive anyway): the measure
+    ``aot_partition.saved_bytes`` applies to the compiled variants' forward graphs."""
+    alive = {t.untyped_storage().data_ptr()
+             for t in (*inputs, *module.parameters(), *module.buffers())
+             if isinstance(t, torch.Tensor)}
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in alive:
+            storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
@@ -32,10 +31,10 @@ from ..fx.extract import (
     extract_forward_backward_graphs,
     is_assert_only_symbool,
 )
-from ..fx.joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from ..fx.joint import is_bwd_seed_offset, is_random, is_tangent
 from ..fx.passes import reorder_backward, replay_random_ops
 from ..fx.passes.rng import device_of, rng_state_nbytes
-from ..fx.sizes import node_nbytes
+from ..fx.sizes import saved_bytes
 from .search import BudgetSearch
 
 log = logging.getLogger(__name__)
@@ -102,23 +101,20 @@ Measure = Callable[[CutCandidate], int]
 
 
 def activation_bytes(search: BudgetSearch, candidate: CutCandidate) -> int:
-    """The bytes the byte budget caps: what the forward would save for the backward.
+    """The bytes the byte budget caps: ``sizes.saved_bytes`` (the one measure) of what the
+    forward would save for the backward.
 
-    Counted: every saved tensor the backward reads (``candidate.read``: extraction drops the
-    rest) and one RNG state per random op the backward recomputes (replayed on the forward's
-    state, which is saved too). Not counted: symbolic scalars, backward state, and, with
-    ``treat_parameters_as_free_to_save``, static-lifetime inputs (parameters and buffers:
-    alive anyway). This equals the partition's ``saved_activation_bytes`` of the forward less
-    those static inputs.
+    Counted: every saved value the backward reads (``candidate.read``: extraction drops the
+    rest), views of one activation as its base once, symbolic scalars at their size, and one
+    RNG state per random op the backward recomputes (replayed on the forward's state, which
+    is saved too). Graph inputs (parameters, buffers, the batch) and views of them cost
+    nothing: that memory lives anyway. This equals the partition's ``saved_activation_bytes``
+    of the forward it extracts (and its report's ``saved_bytes``).
     """
-    free = (search.node_info.static_lifetime_inputs
-            if search.config.treat_parameters_as_free_to_save else set())
-    tensors = sum(node_nbytes(n) for n in candidate.read
-                  if isinstance(n.meta.get("val"), torch.Tensor) and n not in free
-                  and not is_backward_state(n))
+    del search  # the measure depends on the cut alone; kept for the Measure signature
     states = sum(rng_state_nbytes(device_of(n).type)
                  for n in candidate.recomputed if is_random(n))
-    return tensors + states
+    return saved_bytes(candidate.read) + states
 
 
 def choose_candidate(candidates: Sequence[CutCandidate], cap: int, measure: Measure, *,

@@ -2,9 +2,10 @@
 
 The forward is split into groups: one per region (regions.py), and the rest (every forward
 node in no region, the graph inputs included) under the global fraction. A group's measure is
-the bytes of its saved tensors the backward reads (parameters excluded when they are free to
-save, as ``caps.activation_bytes`` counts them; graph inputs and views of them are alive
-anyway and count nothing). Its limit is its byte cap, or for a fraction
+the bytes its saved values the backward reads keep alive, in the one measure
+(``sizes.saved_buffers``, as ``caps.activation_bytes`` counts them: graph inputs and views of
+them are alive anyway and count nothing; a buffer counts once, in the group of the first
+saved value holding it). Its limit is its byte cap, or for a fraction
 ``f``: ``least + f * (runtime_optimal - least)``, where ``runtime_optimal`` is the group's
 bytes in the runtime-optimal cut and ``least`` its bytes when every constrained group
 recomputes all it can. The rest at fraction 1.0 is not constrained (nothing was asked of it).
@@ -26,22 +27,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from ..core.knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
 from ..errors import UnreachableMemoryBudgetError
 from ..fx.estimators import estimate_runtime
-from ..fx.joint import is_backward_state
 from ..fx.regions import RegionBudget, Regions
-from ..fx.sizes import node_nbytes
+from ..fx.sizes import saved_buffers
 from .search import (
     BudgetSearch,
     needed_by_backward,
     recompute_candidates,
     recompute_savings,
 )
-from .search import _storage_key as storage_key
 
 log = logging.getLogger(__name__)
 
@@ -89,27 +87,22 @@ class _Group:
 
 
 class _Measure:
-    """Bytes each group saves in a cut (cached by saved set)."""
+    """Bytes each group saves in a cut (cached by saved set): the one measure
+    (``sizes.saved_buffers``), each buffer charged once, to the group of the first saved
+    value holding it (a saved view counts in its own region, as torch's region budgets
+    count saved nodes)."""
 
     def __init__(self, search: BudgetSearch, group_of: dict[fx.Node, int], rest: int,
                  groups: int) -> None:
         self.search, self.group_of, self.rest, self.groups = search, group_of, rest, groups
-        info = search.node_info
-        self.free = (info.static_lifetime_inputs
-                     if search.config.treat_parameters_as_free_to_save else set())
-        # Inputs and views of them keep no new memory alive (a transposed weight).
-        self.input_storages = {storage_key(n) for n in info.inputs} - {None}
         self._cache: dict[frozenset[fx.Node], list[int]] = {}
 
     def __call__(self, saved: list[fx.Node]) -> list[int]:
         key = frozenset(saved)
         if key not in self._cache:
             totals = [0] * self.groups
-            for node in needed_by_backward(self.search, saved):
-                if (isinstance(node.meta.get("val"), torch.Tensor) and node not in self.free
-                        and not is_backward_state(node)
-                        and storage_key(node) not in self.input_storages):
-                    totals[self.group_of.get(node, self.rest)] += node_nbytes(node)
+            for holder, nbytes in saved_buffers(needed_by_backward(self.search, saved)).values():
+                totals[self.group_of.get(holder, self.rest)] += nbytes
             self._cache[key] = totals
         return self._cache[key]
 

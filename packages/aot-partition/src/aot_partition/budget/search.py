@@ -92,6 +92,9 @@ def _storage_key(node: fx.Node) -> object:
 
 
 def _activation_bytes(nodes: list[fx.Node]) -> int:
+    """The fraction search's scale (torch's): each value's own bytes, inputs included. Not
+    what a report says a cut saves (``sizes.saved_bytes``, the one measure): the fraction
+    budget is defined on this scale, so fraction decisions stay torch's."""
     return sum(node_nbytes(n) for n in nodes)
 
 

@@ -39,7 +39,15 @@ from ._compat import check_real_tensors, real_kernels
 from .estimators import _signature
 from .joint import is_backward_state, is_bwd_seed_offset, is_tangent
 from .passes.offload_ops import OFFLOAD_META, offload_to_host
-from .sizes import has_no_result, size_hint, tensor_nbytes
+from .sizes import (
+    has_no_result,
+    saved_bytes,
+    schema_alias_arg,
+    size_hint,
+    storage_key,
+    storage_nbytes,
+    value_leaves,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +126,9 @@ class MemoryTimeline:
     live_at_peak: list[LiveBuffer]
     baseline_bytes: int   # forward inputs: allocated before the step
     parameter_bytes: int  # the static-lifetime share of the baseline
-    saved_bytes: int      # forward-allocated buffers the saved tensors hold (views: their bases)
+    # What the saved values keep alive beyond the inputs (views: their bases, once): the one
+    # measure, sizes.saved_bytes, unaligned.
+    saved_bytes: int
     end_bytes: int        # live after the backward: inputs, user outputs, gradients
     transfers: list[Transfer] = field(default_factory=list)  # offload copies, in run order
 
@@ -243,43 +253,6 @@ class _Memory:
 
 # ---- sizes and aliasing -----------------------------------------------------------------------
 
-def _tensors_of(val: Any) -> list[Any]:
-    """The leaves of a node's ``meta["val"]`` in order (tensors, scalars, None)."""
-    if isinstance(val, (list, tuple)):
-        return list(val)
-    return [val]
-
-
-def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return int(t.untyped_storage()._cdata)
-    except Exception:  # no storage (sparse, nested, functional wrappers): use the schema
-        return None
-
-
-def _storage_nbytes(t: torch.Tensor) -> int:
-    try:
-        return size_hint(t.untyped_storage().nbytes())
-    except Exception:
-        return tensor_nbytes(t)
-
-
-def _schema_alias_arg(node: fx.Node, index: int) -> fx.Node | None:
-    """The argument the op schema says output ``index`` aliases (views, in-place ops)."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    returns = target._schema.returns
-    alias = returns[min(index, len(returns) - 1)].alias_info if returns else None
-    if alias is None:
-        return None
-    for i, arg in enumerate(target._schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.before_set & alias.before_set:
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            return value if isinstance(value, fx.Node) else None
-    return None
-
-
 def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
     """The value ``node`` produces: aliases of its inputs' buffers, or new buffers."""
     if has_no_result(node) or "val" not in node.meta:
@@ -290,22 +263,22 @@ def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
         return _getitem_value(node, env)
     if node.target is offload_to_host:  # the host copy: no device bytes
         host = node.meta["val"]
-        return [(_storage_key(host), mem.new(node.name, 0, "computed"))]
+        return [(storage_key(host), mem.new(node.name, 0, "computed"))]
     by_key = {key: buf for arg in node.all_input_nodes for key, buf in env.get(arg, [])
               if key is not None}
     value: _Value = []
-    for index, t in enumerate(_tensors_of(node.meta["val"])):
+    for index, t in enumerate(value_leaves(node.meta["val"])):
         if not isinstance(t, torch.Tensor):
             continue
-        key = _storage_key(t)
+        key = storage_key(t)
         if key is not None and key in by_key:
             value.append((key, by_key[key]))
             continue
-        base = _schema_alias_arg(node, index) if key is None else None
+        base = schema_alias_arg(node, index) if key is None else None
         if base is not None and env.get(base):
             value.append((key, env[base][0][1]))
             continue
-        value.append((key, mem.new(node.name, _storage_nbytes(t), "computed")))
+        value.append((key, mem.new(node.name, storage_nbytes(t), "computed")))
     return value
 
 
@@ -313,7 +286,7 @@ def _getitem_value(node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
     """``tuple[i]``: the i-th tensor of the tuple (None and scalar items hold no buffer)."""
     source, index = node.args[0], node.args[1]
     assert isinstance(source, fx.Node)
-    items = _tensors_of(source.meta.get("val"))
+    items = value_leaves(source.meta.get("val"))
     if not isinstance(index, int) or not isinstance(items[index], torch.Tensor):
         return []
     position = sum(isinstance(t, torch.Tensor) for t in items[:index])
@@ -325,14 +298,14 @@ def _input_value(mem: _Memory, node: fx.Node, origin: str,
                  known: dict[int, _Buffer]) -> _Value:
     """Buffers of a placeholder that arrives from outside (aliased inputs share one)."""
     value: _Value = []
-    for t in _tensors_of(node.meta.get("val")):
+    for t in value_leaves(node.meta.get("val")):
         if not isinstance(t, torch.Tensor):
             continue
-        key = _storage_key(t)
+        key = storage_key(t)
         if key is not None and key in known:
             value.append((key, known[key]))
             continue
-        buf = mem.new(node.name, _storage_nbytes(t), origin)
+        buf = mem.new(node.name, storage_nbytes(t), origin)
         if key is not None:
             known[key] = buf
         value.append((key, buf))
@@ -492,14 +465,16 @@ def simulate_partition(
     saved_in_fw_order = fw_out[layout.num_user_outputs:]
     _mark(fw_out[:layout.num_user_outputs], "output")
     _mark(saved_in_fw_order, "saved")
-    saved_bytes = _computed_bytes(saved_in_fw_order)
+    # The one measure (sizes.saved_bytes), not the aligned buffers: every report agrees.
+    saved = saved_bytes(a for a in _output_args(fw)[layout.num_user_outputs:]
+                        if isinstance(a, fx.Node))
     if not hold_outputs:
         for value in fw_out[:layout.num_user_outputs]:
             mem.drop(value)
     bw_in = _backward_inputs(mem, bw, layout.backward_saved_order(fw_out))
     grads = _run_graph(mem, bw, "backward", bw_in, ws)
     _mark(grads, "gradient")
-    return _timeline(mem, fw_values, saved_bytes)
+    return _timeline(mem, fw_values, saved)
 
 
 def _forward_inputs(mem: _Memory, fw: fx.Graph, num_static_inputs: int | None,
@@ -528,11 +503,6 @@ def _mark(values: Iterable[_Value], role: str) -> None:
     for value in values:
         for _, buf in value:
             buf.roles.add(role)
-
-
-def _computed_bytes(values: Iterable[_Value]) -> int:
-    bufs = {buf.id: buf for value in values for _, buf in value if buf.origin == "computed"}
-    return sum(b.nbytes for b in bufs.values())
 
 
 def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> MemoryTimeline:

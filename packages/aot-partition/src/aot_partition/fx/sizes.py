@@ -1,11 +1,15 @@
 """Bytes held by a joint-graph node, with symbolic sizes replaced by their hints.
 
 ``size_hint`` is the one place a symbolic size becomes a number: the byte model here and the
-runtime estimators both read sizes through it.
+runtime estimators both read sizes through it. ``saved_bytes`` is the one measure of what a
+set of saved values keeps alive (views of inputs free, a view of an activation its base
+once); everything that reports or caps saved bytes counts with it.
 """
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -96,13 +100,129 @@ def node_nbytes(node: fx.Node) -> int:
     )
 
 
-def saved_activation_bytes(fw_module: fx.GraphModule, num_fwd_outputs: int | None = None) -> int:
-    """Bytes of the tensors a forward graph saves for backward (outputs past the user outputs).
+# ---- the one measure of saved bytes ----------------------------------------------------------
 
-    ``num_fwd_outputs`` defaults to what the output node's AOTAutograd descriptors say (both our
-    partitioners and torch's record them); symbolic scalars are not counted.
+def storage_key(value: torch.Tensor) -> int | None:
+    """The identity of the storage ``value`` lives in (views share their base's), or None for
+    a tensor without one (sparse, nested, functional wrappers)."""
+    try:
+        return int(value.untyped_storage()._cdata)
+    except Exception:
+        return None
+
+
+def storage_nbytes(value: torch.Tensor) -> int:
+    """Bytes of the storage ``value`` lives in (a view's: its whole base), hinted."""
+    try:
+        return size_hint(value.untyped_storage().nbytes())
+    except Exception:
+        return tensor_nbytes(value)
+
+
+def value_leaves(val: Any) -> list[Any]:
+    """The items of a node's ``meta["val"]`` in order (tensors, scalars, None)."""
+    return list(val) if isinstance(val, (list, tuple)) else [val]
+
+
+def schema_alias_arg(node: fx.Node, index: int) -> fx.Node | None:
+    """The argument the op schema says output ``index`` aliases (views, in-place ops)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    returns = target._schema.returns
+    alias = returns[min(index, len(returns) - 1)].alias_info if returns else None
+    if alias is None:
+        return None
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.before_set & alias.before_set:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            return value if isinstance(value, fx.Node) else None
+    return None
+
+
+def _storage_index(node: fx.Node, key: int) -> int | None:
+    """The index of ``node``'s output that lives in storage ``key``, or None."""
+    return next((i for i, t in enumerate(value_leaves(node.meta.get("val")))
+                 if isinstance(t, torch.Tensor) and storage_key(t) == key), None)
+
+
+def alias_root(node: fx.Node, index: int = 0) -> tuple[fx.Node, int]:
+    """(node, output index) that allocated the memory output ``index`` of ``node`` lives in.
+
+    Follows views and aliases through the graph: an input whose fake tensor shares the storage
+    (or, for tensors without one, the argument the op schema says the output aliases; a
+    ``getitem`` of a tuple: the tuple's item). A placeholder root means graph-input memory."""
+    val = value_leaves(node.meta.get("val"))[index] if "val" in node.meta else None
+    key = storage_key(val) if isinstance(val, torch.Tensor) else None
+    while True:
+        if key is not None:
+            found = next(((arg, i) for arg in node.all_input_nodes
+                          if (i := _storage_index(arg, key)) is not None), None)
+            if found is None:
+                return node, index
+            node, index = found
+            continue
+        source = node.args[0] if node.args else None
+        item = node.args[1] if len(node.args) > 1 else None
+        if (node.target is operator.getitem and isinstance(source, fx.Node)
+                and isinstance(source.meta.get("val"), (list, tuple))
+                and isinstance(item, int)):
+            node, index = source, item
+            continue
+        base = schema_alias_arg(node, index)
+        if base is None:
+            return node, index
+        node, index = base, 0
+
+
+def saved_buffers(values: Iterable[fx.Node]) -> dict[object, tuple[fx.Node, int]]:
+    """The memory ``values`` keep alive for the backward, one entry per buffer: its key ->
+    (the first of ``values`` that holds it, its bytes). The one definition behind
+    ``saved_bytes``.
+
+    - a graph input (placeholder, get_attr) and any view of one: nothing, that memory lives
+      anyway (a transposed weight costs no new bytes);
+    - a view of an activation: its base's storage, once however many views of it are saved;
+    - a symbolic scalar: ``sym_node_size`` (ints and bools 1, floats 4); backward state,
+      opaque objects and plain scalars: nothing.
     """
-    output = next(iter(fw_module.graph.find_nodes(op="output")))
+    found: dict[object, tuple[fx.Node, int]] = {}
+    for node in values:
+        val = node.meta.get("val")
+        if isinstance(val, py_sym_types):
+            found.setdefault(("sym", node), (node, sym_node_size(node)))
+            continue
+        for index, item in enumerate(value_leaves(val)):
+            if not isinstance(item, torch.Tensor):
+                continue
+            root, root_index = alias_root(node, index)
+            if root.op in ("placeholder", "get_attr"):
+                continue
+            key = storage_key(item)
+            if key is not None:
+                found.setdefault(key, (node, storage_nbytes(item)))
+                continue
+            base = value_leaves(root.meta.get("val"))[root_index]
+            nbytes = tensor_nbytes(base if isinstance(base, torch.Tensor) else item)
+            found.setdefault((root, root_index), (node, nbytes))
+    return found
+
+
+def saved_bytes(values: Iterable[fx.Node]) -> int:
+    """THE measure of saved bytes: what saving ``values`` for the backward keeps alive beyond
+    the graph's inputs (``saved_buffers``). The report, the byte caps, the region budgets, the
+    Pareto sweep, the memory simulator and ``saved_activation_bytes`` all count with it."""
+    return sum(nbytes for _, nbytes in saved_buffers(values).values())
+
+
+def forward_saved_outputs(fw_graph: fx.Graph | fx.GraphModule,
+                          num_fwd_outputs: int | None = None) -> list[fx.Node]:
+    """The forward graph's outputs past the user outputs: what it saves for the backward.
+
+    ``num_fwd_outputs`` defaults to what the output node's AOTAutograd descriptors say (both
+    our partitioners and torch's record them)."""
+    graph = fw_graph.graph if isinstance(fw_graph, fx.GraphModule) else fw_graph
+    output = next(iter(graph.find_nodes(op="output")))
     outs = list(output.args[0])
     if num_fwd_outputs is None:
         saved_type = saved_output_desc_type()
@@ -113,8 +233,11 @@ def saved_activation_bytes(fw_module: fx.GraphModule, num_fwd_outputs: int | Non
                 "AOTAutograd descriptors; pass num_fwd_outputs (the number of user outputs)"
             )
         num_fwd_outputs = sum(not isinstance(d, saved_type) for d in descs)
-    total = 0
-    for out in outs[num_fwd_outputs:]:
-        if isinstance(out, fx.Node) and isinstance(out.meta.get("val"), torch.Tensor):
-            total += tensor_nbytes(out.meta["val"])
-    return total
+    return [out for out in outs[num_fwd_outputs:] if isinstance(out, fx.Node)]
+
+
+def saved_activation_bytes(fw_module: fx.GraphModule | fx.Graph,
+                           num_fwd_outputs: int | None = None) -> int:
+    """``saved_bytes`` of what a forward graph saves for the backward (any partitioner's:
+    ``num_fwd_outputs`` as in ``forward_saved_outputs``)."""
+    return saved_bytes(forward_saved_outputs(fw_module, num_fwd_outputs))

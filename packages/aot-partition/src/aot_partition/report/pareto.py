@@ -24,14 +24,19 @@ from typing import Any, Protocol
 
 import torch.fx as fx
 
-from ..budget.caps import SimulatedPeak, recompute_estimate
-from ..budget.search import BudgetSearch, needed_by_backward
+from ..budget.caps import (
+    CutCandidate,
+    SimulatedPeak,
+    activation_bytes,
+    candidate,
+    recompute_estimate,
+)
+from ..budget.search import BudgetSearch
 from ..config import PartitionConfig
 from ..fx import memory
 from ..fx.classify import classify
 from ..fx.estimators import check_estimator
 from ..fx.prepare import prepared_joint
-from ..fx.sizes import node_nbytes
 from .draw import plot_pareto
 
 log = logging.getLogger(__name__)
@@ -48,7 +53,7 @@ class ParetoPoint:
     budget: float              # the requested activation memory budget
     recompute_runtime: float   # estimated runtime of the released (recomputed) banned nodes
     memory_ratio: float        # saved bytes: 0 = the budget-0 cut, 1 = runtime-optimal cut
-    saved_bytes: int           # bytes the backward reads (inputs included)
+    saved_bytes: int           # the one measure (caps.activation_bytes of the cut)
     num_saved: int
     # Set when the sweep simulates its cuts (``memory_budget_pareto(simulate=True)``): the
     # absolute simulated forward+backward peak and the graphs' recompute estimate.
@@ -63,7 +68,7 @@ class PeakPoint:
     budget: float
     simulated_peak_bytes: int
     recompute_estimate: float
-    saved_bytes: int           # bytes of the forward's saved tensors
+    saved_bytes: int           # the one measure of the forward's saved outputs
 
 
 class PeakLike(Protocol):
@@ -87,29 +92,30 @@ def sweep(search: BudgetSearch, budgets: Sequence[float] = DEFAULT_BUDGETS, *,
           ) -> list[ParetoPoint]:
     """A ParetoPoint for each budget, using an already prepared search.
 
-    Bytes and the memory ratio count what the partition would save (``needed_by_backward``);
-    the ratio runs from the budget-0 answer (0.0) to the runtime-optimal cut (1.0). With
+    Bytes and the memory ratio count what the partition would save in the one measure
+    (``caps.activation_bytes``, what its report says); the ratio runs from the budget-0
+    answer (0.0) to the runtime-optimal cut (1.0). With
     ``peak`` each cut is also simulated (its ``estimator`` set: its recompute estimated).
     ``progress`` wraps the loop over budgets (a tqdm, say).
     """
     looped = progress(budgets) if progress is not None else budgets
     chosen = [(float(budget), *search.saved_values(budget)) for budget in looped]
-    needed = [needed_by_backward(search, saved) for _, saved, _ in chosen]
-    low = _bytes(needed_by_backward(search, search.saved_values(0.0)[0]))
-    high = _bytes(needed_by_backward(search, search.runtime_optimal))
+    cuts = [_cut(search, saved) for _, saved, _ in chosen]
+    low = activation_bytes(search, _cut(search, search.saved_values(0.0)[0]))
+    high = activation_bytes(search, _cut(search, search.runtime_optimal))
     span = high - low
     measured = [peak.of(saved) if peak is not None else None for _, saved, _ in chosen]
     points = []
-    for (budget, _, runtime), read, m in zip(chosen, needed, measured, strict=True):
-        nbytes = _bytes(read)
+    for (budget, _, runtime), cut, m in zip(chosen, cuts, measured, strict=True):
+        nbytes = activation_bytes(search, cut)
         points.append(ParetoPoint(budget, runtime, (nbytes - low) / span if span > 0 else 0.0,
-                                  nbytes, len(read), None if m is None else m.peak_bytes,
+                                  nbytes, len(cut.read), None if m is None else m.peak_bytes,
                                   None if m is None else m.recompute_runtime))
     return points
 
 
-def _bytes(nodes: Sequence[fx.Node]) -> int:
-    return sum(node_nbytes(n) for n in nodes)
+def _cut(search: BudgetSearch, saved: Sequence[fx.Node]) -> CutCandidate:
+    return candidate(search, saved, "pareto", 0)
 
 
 def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None, *,

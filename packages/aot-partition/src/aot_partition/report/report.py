@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.fx as fx
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -19,7 +18,7 @@ from ..config import PartitionConfig
 from ..fx.classify import NodeInfo
 from ..fx.joint import is_primal
 from ..fx.passes.rng import RNG_STATE_PREFIX
-from ..fx.sizes import is_opaque, node_nbytes
+from ..fx.sizes import is_opaque, node_nbytes, saved_activation_bytes
 
 if TYPE_CHECKING:
     from ..budget.reference import ReferenceCheck
@@ -40,21 +39,87 @@ class NodeDecision:
     reason: str      # why, e.g. "cut: cheapest place to cut", "banned: reduction: ..."
 
 
+def format_size(nbytes: int) -> str:
+    """``nbytes`` for a budget's words: "512 bytes", "2.0 KiB (2048 bytes)"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit} ({nbytes} bytes)"
+    return f"{nbytes} bytes"
+
+
+@dataclass(frozen=True)
+class GivenBudget:
+    """The budget a partition was given, as the caller gave it (what the report names).
+
+    ``kind``: "fraction" (``fraction`` of the way from the least to the runtime-optimal
+    saved bytes), "caps" (``saved_bytes_cap`` and/or ``peak_cap``, in bytes; any fraction is
+    then ignored), "regions" (``regions``: one label per region budget, then the rest's
+    fraction) or "none" (the default partition: no budget applies). ``source`` says where a
+    fraction came from when not from the call or config ("a region over the whole forward",
+    "a MemoryBudgetMode marker")."""
+
+    kind: str
+    fraction: float | None = None
+    saved_bytes_cap: int | None = None
+    peak_cap: int | None = None
+    regions: tuple[str, ...] = ()
+    source: str | None = None
+
+    def describe(self) -> str:
+        """The budget in words: "memory budget 0.5", "saved-bytes cap 2.0 KiB (2048 bytes)",
+        "simulated peak cap 1.0 MiB (1048576 bytes)", "region budgets: region 0.25, rest
+        (global 1)", "no memory budget (default partition)"."""
+        if self.kind == "none":
+            return "no memory budget (default partition)"
+        if self.kind == "regions":
+            return f"region budgets: {', '.join(self.regions)}"
+        if self.kind == "caps":
+            words = []
+            if self.saved_bytes_cap is not None:
+                words.append(f"saved-bytes cap {format_size(self.saved_bytes_cap)}")
+            if self.peak_cap is not None:
+                words.append(f"simulated peak cap {format_size(self.peak_cap)}")
+            return " and ".join(words)
+        source = f" (from {self.source})" if self.source is not None else ""
+        return f"memory budget {self.fraction:g}{source}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form (trace.py's decisions page): kind, values and the words."""
+        return {"kind": self.kind, "fraction": self.fraction,
+                "saved_bytes_cap": self.saved_bytes_cap, "peak_cap": self.peak_cap,
+                "regions": list(self.regions), "source": self.source,
+                "describe": self.describe()}
+
+
+def given_budget(fraction: float, *, saved_bytes_cap: int | None = None,
+                 peak_cap: int | None = None, regions: tuple[str, ...] = (),
+                 source: str | None = None) -> GivenBudget:
+    """The ``GivenBudget`` of a min-cut partition: caps win over the fraction, regions (not
+    over the whole forward) are their own kind."""
+    if regions:
+        return GivenBudget("regions", regions=regions)
+    if saved_bytes_cap is not None or peak_cap is not None:
+        return GivenBudget("caps", saved_bytes_cap=saved_bytes_cap, peak_cap=peak_cap)
+    return GivenBudget("fraction", fraction=fraction, source=source)
+
+
 @dataclass
 class PartitionReport:
     saved: list[NodeDecision]
     recomputed: list[NodeDecision]
     banned: dict[str, str]          # node name -> why it may not be recomputed
-    memory_budget: float
-    saved_bytes: int                # bytes of saved tensors (symbolic scalars not counted)
+    memory_budget: float            # the fraction in force (ignored under caps: see budget)
+    # What the saved values keep alive beyond the inputs: the one measure (sizes.saved_bytes
+    # of the forward's saved outputs, RNG states and symbolic scalars included).
+    saved_bytes: int
     solver: str
     notes: list[str] = field(default_factory=list)
     # The ban rules on in the cut that chose the saved values (policy.active_rule_names).
     active_rules: tuple[str, ...] = ()
     config: PartitionConfig | None = None      # the settings the partition ran under
     memory_budget_bytes: int | None = None     # the cap on activation bytes, if one was set
-    # Under a byte cap: the bytes it was held to (caps.activation_bytes: saved_bytes less
-    # parameters and buffers when they are free to save).
+    # Under a byte cap: the bytes it was held to (caps.activation_bytes: the one measure of
+    # the chosen cut, equal to saved_bytes).
     activation_bytes: int | None = None
     peak_bytes: int | None = None              # the cap on the simulated peak, if one was set
     # Under a peak cap: the chosen cut's simulated forward+backward peak (caps.SimulatedPeak:
@@ -73,17 +138,21 @@ class PartitionReport:
     # Saved values offloaded to host memory (fx/offload.py), reason "offloaded: <bytes> over
     # <window> (<who asked>)"; they are also in ``saved`` (the host copy is what is saved).
     offloaded: list[NodeDecision] = field(default_factory=list)
+    # The budget the partition was given (None: built without one; format() then names the
+    # fraction).
+    budget: GivenBudget | None = None
+
+    @property
+    def given_budget(self) -> GivenBudget:
+        return self.budget if self.budget is not None else given_budget(self.memory_budget)
 
     def format(self) -> str:
         """A plain-text table for terminals."""
-        lines = [f"memory budget {self.memory_budget:g}, solver {self.solver}, "
+        lines = [f"{self.given_budget.describe()}, solver {self.solver}, "
                  f"saved {self.saved_bytes} bytes in {len(self.saved)} values"]
-        if self.memory_budget_bytes is not None:
-            lines.append(f"byte budget {self.memory_budget_bytes}: {self.activation_bytes} "
-                         "activation bytes saved")
         if self.peak_bytes is not None:
-            lines.append(f"peak cap {self.peak_bytes}: simulated peak {self.simulated_peak_bytes} "
-                         "bytes (forward+backward, inputs and parameters included)")
+            lines.append(f"simulated peak {self.simulated_peak_bytes} bytes (forward+backward, "
+                         "inputs and parameters included)")
         if self.reference_check is not None:
             lines.append(self.reference_check.describe())
         lines.extend(region.describe() for region in self.regions)
@@ -139,13 +208,14 @@ def _decision(node: fx.Node, decision: str, reason: str) -> NodeDecision:
 
 
 def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
-                 bw_module: fx.GraphModule, node_info: NodeInfo,
-                 solution: MinCutSolution | None, memory_budget: float,
+                 fw_module: fx.GraphModule, bw_module: fx.GraphModule, num_fwd_outputs: int,
+                 node_info: NodeInfo, solution: MinCutSolution | None, memory_budget: float,
                  replayed: list[str] | None = None, *, solver: str | None = None
                  ) -> PartitionReport:
     """``replayed``: names of the random ops the backward recomputes on the forward's RNG
-    state (their states are saved too, and counted in ``saved_bytes``). ``solver`` names what
-    chose the saved values when no min cut did (default "inputs only")."""
+    state (their states are saved too, and counted in ``saved_bytes``: the one measure of
+    what ``fw_module`` saves). ``solver`` names what chose the saved values when no min cut
+    did (default "inputs only")."""
     banned = solution.banned if solution is not None else {}
     replayed_set = set(replayed or ())
     saved = [_decision(n, SAVED, _saved_reason(n, banned, solution))
@@ -162,8 +232,7 @@ def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
     ]
     state_bytes = [node_nbytes(p) for p in bw_module.graph.find_nodes(op="placeholder")
                    if p.name.startswith(RNG_STATE_PREFIX)]
-    saved_bytes = sum(node_nbytes(n) for n in saved_values
-                      if isinstance(n.meta.get("val"), torch.Tensor)) + sum(state_bytes)
+    nbytes_saved = saved_activation_bytes(fw_module, num_fwd_outputs)
     notes = []
     if replayed_set:
         notes.append(f"{len(replayed_set)} recomputed random op(s) replay the forward's RNG "
@@ -174,22 +243,24 @@ def build_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
         recomputed=recomputed,
         banned={n.name: why for n, why in banned.items()},
         memory_budget=memory_budget,
-        saved_bytes=saved_bytes,
+        saved_bytes=nbytes_saved,
         solver=solution.solver if solution is not None else solver or "inputs only",
         notes=notes,
     )
 
 
 def default_partition_report(saved_values: list[fx.Node], saved_sym_nodes: list[fx.Node],
-                             config: PartitionConfig) -> PartitionReport:
+                             config: PartitionConfig, fw_module: fx.GraphModule,
+                             num_fwd_outputs: int) -> PartitionReport:
     """What ``default_partition`` decided: it saves every forward value the backward reads
-    and recomputes nothing (no budget applies)."""
+    (``saved_values``, ``saved_sym_nodes``: what extraction kept) and recomputes nothing (no
+    budget applies); ``saved_bytes`` is the one measure of what ``fw_module`` saves."""
     saved = [_decision(n, SAVED, "default partition: the backward reads it")
              for n in [*saved_values, *saved_sym_nodes]]
-    saved_bytes = sum(d.nbytes for d, n in zip(saved, saved_values)
-                      if isinstance(n.meta.get("val"), torch.Tensor))
-    return PartitionReport(saved, [], {}, 1.0, saved_bytes, "default partition (no budget)",
-                           config=config)
+    return PartitionReport(saved, [], {}, 1.0,
+                           saved_activation_bytes(fw_module, num_fwd_outputs),
+                           "default partition (no budget)", config=config,
+                           budget=GivenBudget("none"))
 
 
 def log_report(report: PartitionReport) -> None:

@@ -77,6 +77,7 @@ def decisions_page(partitioner: str, report: PartitionReport) -> dict[str, Any]:
     check = report.reference_check
     return {
         "partitioner": partitioner,
+        "budget": report.given_budget.as_dict(),
         "memory_budget": report.memory_budget,
         "memory_budget_bytes": report.memory_budget_bytes,
         "activation_bytes": report.activation_bytes,
