@@ -251,14 +251,14 @@ class BudgetSearch:
         self._escalate_aggressive()
 
     def _escalate_more(self) -> None:
-        """Step 2's cut alone: a budget it meets needs neither step 3's cut nor the items."""
+        """Step 2's cut (budget 0 does not need it)."""
         if self._more_made:
             return
         self.more_aggressive, _ = self.solve(self._more_options())
         self._more_made = True
 
     def _escalate_aggressive(self) -> None:
-        """Step 3's cut and the knapsack items; budget 0 needs these, not step 2's cut."""
+        """Step 3's cut and the knapsack items (all that budget 0 needs)."""
         if self.aggressive_options is not None:
             return
         aggressive_options = replace(self._more_options(), ban_if_not_in_allowlist=False)
@@ -361,6 +361,9 @@ class BudgetSearch:
 
     def _escalation_or_knapsack(self, memory_budget: float, solver: str
                                 ) -> tuple[list[fx.Node], float]:
+        # Both cuts even where step 2's fits: the report explains a saved set by the last cut
+        # that made it, which may be step 3's (its ban reasons), so skipping it changes them.
+        self._escalate()
         if self.fits_more_aggressive(memory_budget):
             return list(self.more_aggressive), 0.0
         if self.fits_aggressive(memory_budget):
