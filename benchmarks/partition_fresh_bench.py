@@ -253,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="suffix of the output file names")
     parser.add_argument("--results", action="store_true",
                         help="also write benchmarks/RESULTS-partition-fresh.md")
+    parser.add_argument("--results-from", nargs="+", default=None, metavar="JSON",
+                        help="only write RESULTS-partition-fresh.md/.json from these runs' JSON")
     args = parser.parse_args(argv)
+    if args.results_from:
+        print(write_results(args.results_from))
+        return 0
 
     import test_real_models as real
     from zoo import ZOO
@@ -282,6 +287,55 @@ def main(argv: list[str] | None = None) -> int:
         text = write_outputs(rows, meta, args.tag, args.results)  # after each joint: partial
     print(text)
     return 0
+
+
+RESULTS_HEADER = """# Partition time, one cold call: torch / ours (issue 28, item 5)
+
+Date: {date}; machine: {machine} (2-core CPU VM shared with other engineers' jobs: load
+average 10-15 during the run, so milliseconds are inflated several times; compare the ratios,
+each measured side by side); torch {torch}.
+
+Protocol (`benchmarks/partition_fresh_bench.py`): each timing is one call on a fresh deep copy
+of the joint (copy not timed); before every call the functools caches of aot_partition and of
+torch's partitioner and aot_partition's memo dicts are cleared and `gc.collect()` runs; median
+of 3; torch's `min_cut_rematerialization_partition` runs in the same process on the same joint,
+interleaved with ours. Both use their defaults (ours: `roofline` estimator with the reference
+check). Joints: tests/zoo.py (captured with `aot_module`), the real models of
+tests/aot_pipeline/test_real_models.py (the joints `torch.compile(backend="aot_pipeline")` hands
+the partitioner; `#i` = i-th graph of a model with graph breaks) and GPT-32 (5,062 nodes).
+Ratio = torch ms / ours ms (below 1: ours is slower). Slowest ratio first. Raw rows:
+`RESULTS-partition-fresh.json`.
+"""
+
+
+def write_results(paths: list[str]) -> str:
+    """RESULTS-partition-fresh.md (the header, the table, the notes) and .json from the JSON
+    files of earlier runs; a row measured again in a later file replaces the earlier one."""
+    rows: dict[tuple[str, int, float], dict[str, Any]] = {}
+    meta: dict[str, Any] = {}
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        meta = meta or data["meta"]
+        for row in data["rows"]:
+            rows[(row["model"], row["nodes"], row["budget"])] = row  # zoo and real "llama"
+    ordered = sorted(rows.values(), key=lambda r: r["ratio"])
+    lines = [RESULTS_HEADER.format(**meta),
+             "| model | nodes | budget | ours ms | torch ms | torch/ours |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r['nodes']} | {r['budget']} | {r['ours_s'] * 1e3:.1f} | "
+              f"{r['torch_s'] * 1e3:.1f} | {r['ratio']:.2f}x |" for r in ordered]
+    notes_path = os.path.join(HERE, "RESULTS-partition-fresh.notes.md")
+    if os.path.exists(notes_path):
+        with open(notes_path) as f:
+            lines += ["", f.read().rstrip()]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(HERE, "RESULTS-partition-fresh.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(HERE, "RESULTS-partition-fresh.json"), "w") as f:
+        rows_text = ",\n".join(json.dumps(r) for r in ordered)  # one row a line
+        f.write(f'{{"meta": {json.dumps(meta)},\n "rows": [\n{rows_text}\n]}}\n')
+    return text
 
 
 def write_outputs(rows: list[Row], meta: dict[str, Any], tag: str, results: bool) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import gc
 import importlib
 import importlib.util
@@ -413,7 +412,16 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     # Simulators of this joint's cuts, by estimator (nothing runs until a cut is measured).
     static = (None if static_lifetime_input_indices is None
               else tuple(static_lifetime_input_indices))
-    simulator = functools.partial(SimulatedPeak, joint_module, num_fwd_outputs, static)
+    simulators: dict[str | None, SimulatedPeak] = {}
+
+    def simulator(estimator: str | None) -> SimulatedPeak:
+        # One per estimator: the cut the peak cap or the reference check measured is then
+        # not measured, nor extracted, again.
+        if estimator not in simulators:
+            simulators[estimator] = SimulatedPeak(joint_module, num_fwd_outputs, static,
+                                                  estimator)
+        return simulators[estimator]
+
     peak = simulator(config.runtime_estimator) if config.peak_bytes is not None else None
     # Many ranks: one decision on every rank (spmd.py); nothing happens on one rank.
     needs_runtimes = (budget < 1.0 or config.memory_budget_bytes is not None
@@ -424,7 +432,10 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
                                       regions)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
-    cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
+    cut = next((graphs for measured in simulators.values()
+                if (graphs := measured.take_graphs(choice.saved)) is not None), None)
+    if cut is None:
+        cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
     spmd.check_saved_agreement([*saved_values, *saved_sym_nodes], config)
     offloaded, offload_notes = offload_cut(joint_graph, cut.fw, cut.bw, saved_values,

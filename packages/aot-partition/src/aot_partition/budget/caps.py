@@ -19,6 +19,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
@@ -318,20 +319,54 @@ class CutMeasure:
     step_runtime: float | None = None        # see step_estimate; None without estimator
 
 
-def recompute_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None) -> float:
+class NodeEstimates:
+    """``estimate_runtime`` of the nodes of one joint's cuts, remembered by node name.
+
+    Extraction copies a joint node under its name, with its target and its ``meta`` (the same
+    ``val`` object), so a copy's estimate is the original's: the cuts of one search share most
+    nodes, and each is estimated once per partition instead of once per cut. A name whose
+    target or value differs (a node extraction made) is estimated again.
+    """
+
+    def __init__(self, estimator: str | None = None) -> None:
+        self.estimator = estimator
+        self._by_name: dict[str, tuple[Any, Any, float]] = {}
+
+    def __call__(self, node: fx.Node) -> float:
+        val = node.meta.get("val")
+        found = self._by_name.get(node.name)
+        if found is not None and found[0] is node.target and found[1] is val:
+            return found[2]
+        estimate = estimate_runtime(node, self.estimator)
+        self._by_name[node.name] = (node.target, val, estimate)
+        return estimate
+
+
+def recompute_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None,
+                       estimates: NodeEstimates | None = None) -> float:
     """The estimated runtime the backward spends recomputing: the estimates (``estimator``) of
     the forward nodes that appear again in the backward (same name; extraction, torch's too,
-    keeps the joint's names). A formula that scores any partitioner's graphs alike."""
+    keeps the joint's names). A formula that scores any partitioner's graphs alike.
+    ``estimates``: a memo of the same estimator shared by the cuts of one joint."""
+    estimate = estimates if estimates is not None else NodeEstimates(estimator)
     forward = {n.name for n in fw.nodes if n.op == "call_function"}
-    return float(sum(estimate_runtime(n, estimator) for n in bw.nodes
+    return float(sum(estimate(n) for n in bw.nodes
                      if n.op == "call_function" and n.name in forward))
 
 
-def step_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None) -> float:
+def step_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None,
+                  estimates: NodeEstimates | None = None) -> float:
     """The estimated runtime of one forward+backward step: the estimates (``estimator``) of
-    every call in both graphs, before the RNG replay (a replayed random op counts as itself)."""
-    return float(sum(estimate_runtime(n, estimator) for graph in (fw, bw) for n in graph.nodes
+    every call in both graphs, before the RNG replay (a replayed random op counts as itself).
+    ``estimates``: a memo of the same estimator shared by the cuts of one joint."""
+    estimate = estimates if estimates is not None else NodeEstimates(estimator)
+    return float(sum(estimate(n) for graph in (fw, bw) for n in graph.nodes
                      if n.op == "call_function"))
+
+
+# How many measured cuts' graphs a SimulatedPeak keeps for the partition to take (the
+# reference check measures at most three).
+KEPT_CUT_GRAPHS = 4
 
 
 @dataclass
@@ -353,6 +388,11 @@ class SimulatedPeak:
     static_input_indices: tuple[int, ...] | None = None
     estimator: str | None = None
     _measured: dict[frozenset[fx.Node], CutMeasure] = field(default_factory=dict, repr=False)
+    # The finished graphs of each measured cut, by saved set (with the saved list's order):
+    # the partition takes the chosen one's instead of extracting it again (``take_graphs``).
+    _graphs: dict[frozenset[fx.Node], tuple[tuple[fx.Node, ...], CutGraphs]] = field(
+        default_factory=dict, repr=False)
+    _estimates: NodeEstimates | None = field(default=None, repr=False)
 
     def __call__(self, candidate: CutCandidate) -> int:
         return self.of(candidate.saved).peak_bytes
@@ -377,13 +417,28 @@ class SimulatedPeak:
             found = self._measured[key] = self._measure(saved)
         return found
 
+    def take_graphs(self, saved: Sequence[fx.Node]) -> CutGraphs | None:
+        """The finished graphs this simulator built for exactly ``saved`` (same order), handed
+        over once (the caller owns them: they are not simulated again); None if not built."""
+        key = frozenset(saved)
+        found = self._graphs.get(key)
+        if found is None or found[0] != tuple(saved):
+            return None
+        del self._graphs[key]
+        return found[1]
+
     def _measure(self, saved: Sequence[fx.Node]) -> CutMeasure:
         cut = extract_cut(self.joint_module, saved, num_fwd_outputs=self.num_fwd_outputs)
         recompute = step = None
         if self.estimator is not None:
-            recompute = recompute_estimate(cut.fw, cut.bw, self.estimator)
-            step = step_estimate(cut.fw, cut.bw, self.estimator)
+            if self._estimates is None:
+                self._estimates = NodeEstimates(self.estimator)
+            recompute = recompute_estimate(cut.fw, cut.bw, self.estimator, self._estimates)
+            step = step_estimate(cut.fw, cut.bw, self.estimator, self._estimates)
         finish_cut(cut)
+        if len(self._graphs) >= KEPT_CUT_GRAPHS:  # a peak cap may measure many: keep the last
+            del self._graphs[next(iter(self._graphs))]
+        self._graphs[frozenset(saved)] = (tuple(saved), cut)
         timeline = memory.simulate_partition(cut.fw, cut.bw,
                                              static_input_indices=self.static_input_indices)
         log.debug("simulated peak %d bytes (%d before the step) for %d saved values",

@@ -112,9 +112,8 @@ def _chosen_without_runtimes(search: BudgetSearch, memory_budget: float) -> bool
         return False
     if not search.has_range:
         return True
-    return (search.memory_ratio(search.more_aggressive) < memory_budget
-            or search.memory_ratio(search.aggressive) < memory_budget
-            or not search.candidates)
+    return (search.fits_more_aggressive(memory_budget) or search.fits_aggressive(memory_budget)
+            or not search.has_candidates())
 
 
 def check_against_reference(search: BudgetSearch, memory_budget: float, reference: str,

@@ -182,6 +182,8 @@ class BudgetSearch:
     # A region budget over the whole forward (torch's region_activation_memory_budget): 0.0
     # means checkpointing the whole region, so the inputs, alive anyway, cost nothing.
     inputs_alive: bool = False
+    # Step 2's cut was made (``more_aggressive`` is filled only then; it may be empty).
+    _more_made: bool = field(default=False, repr=False)
 
     def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
               ) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -242,16 +244,45 @@ class BudgetSearch:
             return 0.0
         return (_activation_bytes(saved) - self.min_bytes) / (self.max_bytes - self.min_bytes)
 
+    def _more_options(self) -> MinCutOptions:
+        return replace(self.options, ban_if_used_far_apart=False,
+                       ban_if_long_fusible_chains=False, ban_if_materialized_backward=False)
+
     def _escalate(self) -> None:
+        """Both escalation cuts and the knapsack items (each made once)."""
+        self._escalate_more()
+        self._escalate_aggressive()
+
+    def _escalate_more(self) -> None:
+        """Step 2's cut (budget 0 does not need it)."""
+        if self._more_made:
+            return
+        self.more_aggressive, _ = self.solve(self._more_options())
+        self._more_made = True
+
+    def _escalate_aggressive(self) -> None:
+        """Step 3's cut and the knapsack items (all that budget 0 needs)."""
         if self.aggressive_options is not None:
             return
-        more_options = replace(self.options, ban_if_used_far_apart=False,
-                               ban_if_long_fusible_chains=False,
-                               ban_if_materialized_backward=False)
-        self.more_aggressive, _ = self.solve(more_options)
-        self.aggressive_options = replace(more_options, ban_if_not_in_allowlist=False)
-        self.aggressive, self.aggressive_banned = self.solve(self.aggressive_options)
+        aggressive_options = replace(self._more_options(), ban_if_not_in_allowlist=False)
+        self.aggressive, self.aggressive_banned = self.solve(aggressive_options)
+        self.aggressive_options = aggressive_options
         self._collect_candidates(self.aggressive_banned)
+
+    def fits_more_aggressive(self, memory_budget: float) -> bool:
+        """Step 2's cut is under ``memory_budget`` (the search stops there)."""
+        self._escalate_more()
+        return self.memory_ratio(self.more_aggressive) < memory_budget
+
+    def fits_aggressive(self, memory_budget: float) -> bool:
+        """Step 3's cut is under ``memory_budget``."""
+        self._escalate_aggressive()
+        return self.memory_ratio(self.aggressive) < memory_budget
+
+    def has_candidates(self) -> bool:
+        """The knapsack has items (step 4 can release something)."""
+        self._escalate_aggressive()
+        return bool(self.candidates)
 
     def _collect_candidates(self, banned: list[fx.Node]) -> None:
         self.must_save, self.candidates = recompute_candidates(self.node_info, banned,
@@ -268,7 +299,7 @@ class BudgetSearch:
         return get_knapsack_solver(solver)(self.memories, self.runtimes, max(memory_budget, 0.0))
 
     def _all_runtimes(self) -> list[float]:
-        self._escalate()
+        self._escalate_aggressive()
         return self.runtimes
 
     def saved_values(self, memory_budget: float,
@@ -289,8 +320,8 @@ class BudgetSearch:
             return self._recompute_everything(), runtime
         if memory_budget == 1:
             return list(self.runtime_optimal), 0.0
-        self._escalate()
         if self.solver == "ilp_graph":
+            self._escalate()
             # The MILP may save no more than the "dp" answer does, so it never loses to it on
             # memory and only spends what it saves in recompute.
             reference, reference_runtime = (
@@ -333,9 +364,12 @@ class BudgetSearch:
 
     def _escalation_or_knapsack(self, memory_budget: float, solver: str
                                 ) -> tuple[list[fx.Node], float]:
-        if self.memory_ratio(self.more_aggressive) < memory_budget:
+        # Both cuts even where step 2's fits: the report explains a saved set by the last cut
+        # that made it, which may be step 3's (its ban reasons), so skipping it changes them.
+        self._escalate()
+        if self.fits_more_aggressive(memory_budget):
             return list(self.more_aggressive), 0.0
-        if self.memory_ratio(self.aggressive) < memory_budget:
+        if self.fits_aggressive(memory_budget):
             return list(self.aggressive), 0.0
         if not self.candidates:
             return self._recompute_everything(), 0.0

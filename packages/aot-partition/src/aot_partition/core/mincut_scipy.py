@@ -20,6 +20,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from .mincut import FlowNetwork, MinCut
+from .mincut_small import SMALL_NETWORK_MAX_EDGES, sink_side_small
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,12 @@ def scipy_min_cut(network: FlowNetwork) -> MinCut:
     keep = tails != heads
     tails_k, heads_k = tails[keep], heads[keep]
     scaled = np.minimum(_scale(capacities[keep], infinite[keep]), INFINITE_CAPACITY)
+    if tails_k.size <= SMALL_NETWORK_MAX_EDGES:  # scipy's set-up would cost more than the flow
+        summed: dict[tuple[int, int], int] = {}
+        for edge in zip(tails_k.tolist(), heads_k.tolist(), scaled.tolist()):
+            summed[edge[:2]] = summed.get(edge[:2], 0) + edge[2]
+        capped = {edge: min(cap, INFINITE_CAPACITY) for edge, cap in summed.items()}
+        return _cut_of(tails, heads, capacities, ~sink_side_small(n, source, sink, capped))
     graph = csr_matrix((scaled, (tails_k, heads_k)), shape=(n, n))
     graph.sum_duplicates()
     graph.data = np.minimum(graph.data, INFINITE_CAPACITY).astype(np.int32)
@@ -101,8 +108,12 @@ def scipy_min_cut(network: FlowNetwork) -> MinCut:
     # the largest source side, the one networkx's minimum_cut (and so torch) returns.
     sink_side = _reachable(n, residual.col[open_edges].astype(np.int64),
                            residual.row[open_edges].astype(np.int64), sink)
-    source_side = ~sink_side
+    return _cut_of(tails, heads, capacities, ~sink_side)
 
+
+def _cut_of(tails: np.ndarray, heads: np.ndarray, capacities: np.ndarray,
+            source_side: np.ndarray) -> MinCut:
+    """The cut with ``source_side``, its value from the original capacities of its edges."""
     crossing = source_side[tails] & ~source_side[heads]
     value = float(capacities[crossing].sum()) if crossing.any() else 0.0
     return MinCut(value=value, source_side=source_side)

