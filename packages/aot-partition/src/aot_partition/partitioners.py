@@ -488,11 +488,13 @@ def _choose_with_planner(planner: Any, joint_module: fx.GraphModule, node_info: 
     cap (``plan_within_bytes``), else the fraction (``plan_activations``). Returns the choice
     (the plan's saved set) and the names the plan offloads."""
     search = BudgetSearch.prepare(joint_module.graph, node_info, config=config)
-    min_bytes = planner.OFFLOAD_MIN_BYTES  # read per call: tests lower it for tiny models
+    # Read per call: tests lower the size floor for tiny models and take fewer fractions.
+    min_bytes = planner.OFFLOAD_MIN_BYTES
     simulated = None
     if config.peak_bytes is not None:
         candidates = planner.peak_candidates(search, joint_module, num_fwd_outputs,
-                                             static_input_indices=static, min_bytes=min_bytes)
+                                             static_input_indices=static, min_bytes=min_bytes,
+                                             fractions=planner.PEAK_PLAN_FRACTIONS)
         nbytes = config.memory_budget_bytes
         if nbytes is not None:
             fitting = [c for c in candidates if c.plan.device_bytes <= nbytes]
