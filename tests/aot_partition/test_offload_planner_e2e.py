@@ -152,3 +152,19 @@ def test_user_tags_win(reports):
     assert planned[0] not in offloaded  # MUST_SAVE is never offloaded
     assert planned[0] in {d.name for d in reports[1].saved}
     assert offloaded[tagged_offload[0]].endswith("(should_offload tag)")
+
+
+def test_byte_cap_plan_and_best_effort(reports):
+    with pytest.raises(UnreachableMemoryBudgetError, match=r"activation memory budget 1 bytes "
+                                                           r"is unreachable: the least"):
+        _aot("gpt", PartitionConfig(offload_planner=True, memory_budget_bytes=1,
+                                    offload_bandwidth_gbps=FAST))
+    with pytest.warns(partitioners_module.MemoryBudgetBestEffortWarning,
+                      match=r"best effort .*: took least-bytes plan at \d+ bytes"):
+        _aot("gpt", PartitionConfig(offload_planner=True, memory_budget_bytes=1,
+                                    best_effort=True, offload_bandwidth_gbps=FAST))
+    least = reports[-1].activation_bytes
+    assert reports[-1].solver.startswith("offload planner, plan within") and least > 1
+    _aot("gpt", PartitionConfig(offload_planner=True, memory_budget_bytes=2 * least,
+                                offload_bandwidth_gbps=FAST))
+    assert least <= reports[-1].activation_bytes <= 2 * least

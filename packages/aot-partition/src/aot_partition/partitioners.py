@@ -540,8 +540,8 @@ def _unreachable_or_best_effort(config: PartitionConfig,
     the least reachable measure is taken instead."""
     if not config.best_effort:
         raise error
-    message = (f"{error}; best effort (activation_memory_budget_best_effort): took the "
-               f"{error.least_label} plan at {error.least} bytes")
+    message = (f"{error}; best effort (activation_memory_budget_best_effort): took "
+               f"{error.least_label} at {error.least} bytes")
     log.info("%s", message)
     warnings.warn(message, MemoryBudgetBestEffortWarning, stacklevel=3)
 
