@@ -38,7 +38,6 @@ from aot_partition import min_cut_rematerialization_partition
 from aot_partition.budget.offload_plan import (
     PeakPlan,
     choose_under_peak,
-    host_link_bandwidth,
     peak_candidates,
     plan_activations,
 )
@@ -48,6 +47,7 @@ from aot_partition.fx import roofline
 from aot_partition.fx.classify import classify
 from aot_partition.fx.estimators import estimate_runtime
 from aot_partition.fx.memory import MemoryTimeline, simulate_partition
+from aot_partition.fx.offload import host_link_bandwidth
 from aot_pipeline.models import GPT, Llama
 from torch._functorch import config as torch_config
 from torch._functorch.partitioners import default_partition
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="partition_bench model timed for the planner's speed")
     args = parser.parse_args(argv)
     roofline.set_device_numbers("cpu", DEVICE)
-    assert host_link_bandwidth(None, bandwidth_gbps=LINK_GBPS) == LINK_GBPS * 1e9
+    assert host_link_bandwidth(torch.device("cpu"), LINK_GBPS) == LINK_GBPS * 1e9
     models = SMOKE_MODELS if args.smoke else MODELS
     rows: list[Row] = []
     first: tuple[str, dict[str, MemoryTimeline]] | None = None

@@ -233,6 +233,8 @@ def _with_planner(monkeypatch, plan):
         return plan(joint_graph, saved_values, config)
 
     monkeypatch.setattr(partitioners_module, "_offload_planner", lambda: recording)
+    # the hook over a cut's fixed saved set (the whole planner: test_offload_planner_e2e.py)
+    monkeypatch.setattr(partitioners_module, "_whole_planner", lambda config, regions: None)
     return calls
 
 
@@ -266,7 +268,7 @@ def test_a_planner_asking_the_impossible_is_an_error(monkeypatch, name, why):
 
 
 def test_planner_flag_without_a_planner_module_warns(monkeypatch, caplog):
-    monkeypatch.setattr(partitioners_module, "_offload_planner", lambda: None)
+    monkeypatch.setattr(partitioners_module, "_planner_module", lambda: None)
     with caplog.at_level(logging.WARNING, logger="aot_partition.partitioners"):
         [(fw, _, report)] = _run(two_layers, _inputs(), partition_with_report, tags=("tanh",),
                                  config=PartitionConfig(offload_planner=True))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ import pytest
 from aot_partition.budget.offload_plan import (
     MemoryBudget,
     choose_under_peak,
-    host_link_bandwidth,
+    measure_plan,
     offload_windows,
     parse_memory_budget,
     peak_candidates,
@@ -28,6 +29,7 @@ from aot_partition.core.offload_milp import (
     solve_keep_recompute_offload,
 )
 from aot_partition.errors import UnreachableMemoryBudgetError
+from aot_partition.fx import roofline
 from aot_partition.fx.classify import classify
 from zoo import make_case
 
@@ -144,13 +146,20 @@ def test_plan_offload_takes_hidden_copies_only(capture):
     assert plan_offload(joint.module.graph, saved, config) == []  # zoo tensors < 1 MiB
 
 
-def test_host_link_bandwidth():
-    assert host_link_bandwidth(None) == 50e9  # the CPU: the H100's link
-    assert host_link_bandwidth(SimpleNamespace(activation_offload_bandwidth_gbps=8)) == 8e9
-    assert host_link_bandwidth(None, bandwidth_gbps=2.5) == 2.5e9
-    with pytest.raises(ValueError, match=r"positive number of GB/s "
-                                         r"\(activation_offload_bandwidth_gbps\); got 0"):
-        host_link_bandwidth(None, bandwidth_gbps=0)
+def test_the_planner_reads_the_one_host_link(capture):
+    """The planner times copies with fx/offload.py's link: the flag's value, else the table's
+    (the CPU: its memory bandwidth), and a bad value names the real flag."""
+    joint, search = search_of("gpt", capture)
+    saved = search.runtime_optimal
+    cpu_link = roofline.CONSERVATIVE_CPU.bandwidth / 1e9
+    table = plan_offload(joint.module.graph, saved, SimpleNamespace(offload_bandwidth_gbps=None),
+                         min_bytes=0)
+    assert table == plan_offload(joint.module.graph, saved, None, bandwidth_gbps=cpu_link,
+                                 min_bytes=0)
+    for bad in (0, -1.0, True):
+        with pytest.raises(ValueError, match=r"activation_offload_cpu_gpu_bw must be a "
+                                             r"positive, finite number of GB/s"):
+            plan_offload(joint.module.graph, saved, SimpleNamespace(offload_bandwidth_gbps=bad))
 
 
 @pytest.fixture(scope="module")
@@ -227,24 +236,16 @@ def plan_problem(search):
 
 
 def test_offloaded_values_leave_the_device_over_their_window(capture):
-    from aot_partition.budget.caps import extract_cut, finish_cut
-    from aot_partition.budget.offload_plan import offload_timeline
-    from aot_partition.fx.memory import simulate_partition
-
+    """measure_plan simulates the graphs the mechanism rewrites (fx/memory.py's accounting):
+    the offload plan's peak is no higher than the same saved set kept, and its transfers are
+    the plan's offloaded values."""
     joint, search = search_of("gpt", capture)
-    saved = search.runtime_optimal
-    names = plan_offload(joint.module.graph, saved, None, bandwidth_gbps=FAST, min_bytes=0)
-    cut = finish_cut(extract_cut(joint.module, saved, num_fwd_outputs=joint.num_fwd_outputs))
-    kept = simulate_partition(cut.fw, cut.bw)
-    moved = offload_timeline(kept, cut.fw, cut.bw, names, FAST * 1e9)
-    drops = [(a.phase, a.high_bytes - b.high_bytes) for a, b in zip(kept.steps, moved.steps,
-                                                                      strict=True)]
-    assert all(drop >= 0 for _, drop in drops)
-    assert any(drop > 0 for phase, drop in drops if phase == "forward")
-    assert any(drop > 0 for phase, drop in drops if phase == "backward")
-    assert moved.peak_bytes <= kept.peak_bytes
-    # over a link too slow to move anything in time, nothing leaves
-    slow = offload_timeline(kept, cut.fw, cut.bw, names, SLOW * 1e9)
-    assert [s.high_bytes for s in slow.steps] == [s.high_bytes for s in kept.steps]
-    with pytest.raises(ValueError, match="'nope' is not a saved value of these graphs"):
-        offload_timeline(kept, cut.fw, cut.bw, ["nope"], FAST * 1e9)
+    plan = plan_activations(search, 0.5, bandwidth_gbps=FAST, min_bytes=0)
+    assert plan.offloaded
+    kept = dataclasses.replace(plan, kept=tuple(plan.saved), offloaded=())
+    moved = measure_plan(plan, joint.module, joint.num_fwd_outputs, bandwidth_gbps=FAST)
+    still = measure_plan(kept, joint.module, joint.num_fwd_outputs, bandwidth_gbps=FAST)
+    assert moved.peak_bytes <= still.peak_bytes
+    assert not still.timeline.transfers
+    assert {t.value for t in moved.timeline.transfers} == {n.name for n in plan.offloaded}
+    assert moved.timeline.offloaded_bytes == sum(n.meta["val"].nbytes for n in plan.offloaded)

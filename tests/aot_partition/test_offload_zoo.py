@@ -72,6 +72,8 @@ def planner(monkeypatch):
         return chosen[-1]
 
     monkeypatch.setattr(partitioners_module, "_offload_planner", lambda: recording)
+    # the hook over a cut's fixed saved set (the whole planner: test_offload_planner_e2e.py)
+    monkeypatch.setattr(partitioners_module, "_whole_planner", lambda config, regions: None)
     return chosen
 
 

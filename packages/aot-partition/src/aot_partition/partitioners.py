@@ -16,6 +16,7 @@ import gc
 import importlib
 import importlib.util
 import logging
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -426,10 +427,16 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     # Many ranks: one decision on every rank (spmd.py); nothing happens on one rank.
     needs_runtimes = (budget < 1.0 or config.memory_budget_bytes is not None
                       or config.peak_bytes is not None)
+    planner = _whole_planner(config, regions)
+    planned_offloads: list[str] | None = None
     with spmd.rank_agreement(joint_graph, config, needs_runtimes=needs_runtimes,
                              measure=measure_profile, signature=profile_key):
-        choice = _choose_saved_values(joint_graph, node_info, budget, config, peak, simulator,
-                                      regions)
+        if planner is not None:
+            choice, planned_offloads = _choose_with_planner(
+                planner, joint_module, node_info, budget, config, num_fwd_outputs, static)
+        else:
+            choice = _choose_saved_values(joint_graph, node_info, budget, config, peak,
+                                          simulator, regions)
     # The same graphs the peak cap simulated: the passes run before wrapping (one code
     # generation per module).
     cut = next((graphs for measured in simulators.values()
@@ -439,7 +446,7 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
     spmd.check_saved_agreement([*saved_values, *saved_sym_nodes], config)
     offloaded, offload_notes = offload_cut(joint_graph, cut.fw, cut.bw, saved_values,
-                                           num_fwd_outputs, config)
+                                           num_fwd_outputs, config, planned=planned_offloads)
     fw_module = make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules)
     bw_module = make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules)
     report = build_report(saved_values, saved_sym_nodes, fw_module, bw_module, num_fwd_outputs,
@@ -465,25 +472,122 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
 OFFLOAD_PLANNER_MODULE = "aot_partition.budget.offload_plan"
 
 
-def _offload_planner() -> Callable[..., Sequence[str]] | None:
-    """``plan_offload(joint_graph, saved_values, config) -> saved node names`` of the offload
-    planner, None when this install has no planner module."""
+def _planner_module() -> Any:
+    """The activation planner's module (budget/offload_plan.py), None when this install has
+    no planner module."""
     if importlib.util.find_spec(OFFLOAD_PLANNER_MODULE) is None:
         return None
-    return importlib.import_module(OFFLOAD_PLANNER_MODULE).plan_offload
+    return importlib.import_module(OFFLOAD_PLANNER_MODULE)
+
+
+def _offload_planner() -> Callable[..., Sequence[str]] | None:
+    """``plan_offload(joint_graph, saved_values, config) -> saved node names``: offloads
+    among a cut's fixed saved values; None when this install has no planner module."""
+    module = _planner_module()
+    return None if module is None else module.plan_offload
+
+
+def _whole_planner(config: PartitionConfig, regions: Regions) -> Any:
+    """The planner's module when it chooses the whole cut: the planner flag is on, it is
+    installed and no partial region budgets apply (those keep the budget search; the planner
+    then offloads among the cut's saved values only, in ``offload_cut``)."""
+    if not config.offload_planner:
+        return None
+    if regions.nodes and regions.whole_forward_fraction() is None:
+        log.info("activation_offload_planner: region budgets choose the cut; the planner only "
+                 "picks offloads among its saved values")
+        return None
+    return _planner_module()
+
+
+def _choose_with_planner(planner: Any, joint_module: fx.GraphModule, node_info: NodeInfo,
+                         budget: float, config: PartitionConfig, num_fwd_outputs: int,
+                         static: tuple[int, ...] | None) -> tuple[_Choice, list[str]]:
+    """Keep / recompute / offload by the planner (budget/offload_plan.py) under the call's
+    budget: a peak cap (``plan_under_peak``'s candidates, within any byte cap too), else a byte
+    cap (``plan_within_bytes``), else the fraction (``plan_activations``). Returns the choice
+    (the plan's saved set) and the names the plan offloads."""
+    search = BudgetSearch.prepare(joint_module.graph, node_info, config=config)
+    # Read per call: tests lower the size floor for tiny models and take fewer fractions.
+    min_bytes = planner.OFFLOAD_MIN_BYTES
+    simulated = None
+    if config.peak_bytes is not None:
+        candidates = planner.peak_candidates(search, joint_module, num_fwd_outputs,
+                                             static_input_indices=static, min_bytes=min_bytes,
+                                             fractions=planner.PEAK_PLAN_FRACTIONS)
+        nbytes = config.memory_budget_bytes
+        if nbytes is not None:
+            fitting = [c for c in candidates if c.plan.device_bytes <= nbytes]
+            if not fitting:
+                least = min(candidates, key=lambda c: c.plan.device_bytes).plan
+                _unreachable_or_best_effort(config, UnreachableMemoryBudgetError(
+                    "activation memory budget", nbytes, math.ceil(least.device_bytes),
+                    least.label))
+                fitting = [c for c in candidates
+                           if c.plan.device_bytes <= math.ceil(least.device_bytes)]
+            candidates = fitting
+        try:
+            chosen = planner.choose_under_peak(candidates, config.peak_bytes)
+        except UnreachableMemoryBudgetError as error:
+            _unreachable_or_best_effort(config, error)
+            chosen = planner.choose_under_peak(candidates, error.least)
+        plan, simulated = chosen.plan, chosen.peak_bytes
+    elif config.memory_budget_bytes is not None:
+        try:
+            plan = planner.plan_within_bytes(search, config.memory_budget_bytes,
+                                             min_bytes=min_bytes)
+        except UnreachableMemoryBudgetError as error:
+            if error.least < 0:
+                raise
+            _unreachable_or_best_effort(config, error)
+            plan = planner.plan_within_bytes(search, error.least, min_bytes=min_bytes)
+    else:
+        plan = planner.plan_activations(search, budget, min_bytes=min_bytes)
+    label = (f"offload planner, {plan.label} ({plan.source}, gap {plan.gap:.2%}): "
+             f"{len(plan.kept)} kept, {len(plan.offloaded)} offloaded, "
+             f"{len(plan.recomputed)} recomputed")
+    log.info("%s; recompute %.4g s, exposed copies %.4g s", label, plan.recompute_s,
+             plan.exposed_s)
+    nbytes_kept = (int(plan.device_bytes) if config.memory_budget_bytes is not None else None)
+    choice = _Choice(list(plan.saved), None, search.options, activation_bytes=nbytes_kept,
+                     simulated_peak=simulated, label=label)
+    return choice, [n.name for n in plan.offloaded]
+
+
+def _unreachable_or_best_effort(config: PartitionConfig,
+                                error: UnreachableMemoryBudgetError) -> None:
+    """Raise ``error`` unless ``activation_memory_budget_best_effort`` is on; then warn that
+    the least reachable measure is taken instead."""
+    if not config.best_effort:
+        raise error
+    message = (f"{error}; best effort (activation_memory_budget_best_effort): took "
+               f"{error.least_label} at {error.least} bytes")
+    log.info("%s", message)
+    warnings.warn(message, MemoryBudgetBestEffortWarning, stacklevel=3)
 
 
 def offload_cut(joint_graph: fx.Graph, fw_graph: fx.Graph, bw_graph: fx.Graph,
-                saved_values: Sequence[fx.Node], num_fwd_outputs: int, config: PartitionConfig
+                saved_values: Sequence[fx.Node], num_fwd_outputs: int, config: PartitionConfig,
+                *, planned: Sequence[str] | None = None
                 ) -> tuple[list[OffloadedValue], list[str]]:
     """Offload (fx/offload.py) the saved values of one cut that torch's should_offload tags
     and, with the planner flag, the planner choose; in place, before the graphs are wrapped.
-    Returns (what was offloaded, notes for the report)."""
+    ``planned``: the offloads of the planner's whole plan (this cut's saved set came from it);
+    None: ``plan_offload`` picks among ``saved_values``. Returns (what was offloaded, notes
+    for the report)."""
     if not config.offloading:
         return [], []
     requested: dict[str, str] = {}
     notes: list[str] = []
-    if config.offload_planner:
+    if planned is not None:
+        saved_names = {n.name for n in saved_values}
+        for name in planned:
+            if name in saved_names:
+                requested[name] = "planner"
+            else:  # extraction saved something else in its place: nothing to offload
+                notes.append(f"the planner's offload of '{name}' was dropped: the extracted "
+                             "cut does not save it")
+    elif config.offload_planner:
         plan = _offload_planner()
         if plan is None:
             message = (f"activation_offload_planner is on but {OFFLOAD_PLANNER_MODULE} is not "

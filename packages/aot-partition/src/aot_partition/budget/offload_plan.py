@@ -1,7 +1,8 @@
 """The activation planner: keep, recompute or offload each saved value, under a budget.
 
 Offloading v copies it to host memory after its last forward use and back before its first
-backward use. Its cost is ``bytes / bandwidth`` each way (``host_link_bandwidth``) less what
+backward use. Its cost is ``bytes / bandwidth`` each way (fx/offload.py's
+``host_link_bandwidth``, the flag ``activation_offload_cpu_gpu_bw``) less what
 the compute in between hides (``offload_windows``: roofline seconds on the joint's
 forward+backward order); its gain is the device memory freed over that window.
 
@@ -14,7 +15,8 @@ forward+backward order); its gain is the device memory freed over that window.
   in the decision.
 - ``plan_within_bytes(search, nbytes)``: the same under a cap on device bytes.
 - ``plan_under_peak(...)``: the fastest plan whose simulated forward+backward peak (offloaded
-  values freed over their window) fits a cap, among a fixed set of plans; monotone in the
+  values freed over their window, as fx/memory.py simulates the rewritten graphs) fits a
+  cap, among a fixed set of plans; monotone in the
   cap, ``UnreachableMemoryBudgetError`` (caps.py's wording) with the least reachable peak.
 - ``parse_memory_budget``: ``0.5``, ``"300MiB"`` (saved bytes) or ``"20GiB peak"``.
 """
@@ -44,6 +46,7 @@ from ..errors import UnreachableMemoryBudgetError
 from ..fx import memory, roofline
 from ..fx.estimators import estimate_runtime
 from ..fx.joint import is_bwd_seed_offset, is_tangent
+from ..fx.offload import host_link_bandwidth, offload_obstacle, offload_saved_values
 from ..fx.regions import parse_region_budget
 from ..fx.sizes import node_nbytes
 from .caps import (
@@ -59,17 +62,13 @@ from .search import BudgetSearch, _ilp_forward_nodes, _ilp_savable, validate_mem
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_HOST_LINK_GBPS",
-    "HOST_LINK_GBPS",
     "OFFLOAD_MIN_BYTES",
     "PEAK_PLAN_FRACTIONS",
     "ActivationPlan",
     "MemoryBudget",
     "PeakPlan",
     "choose_under_peak",
-    "host_link_bandwidth",
     "measure_plan",
-    "offload_timeline",
     "offload_windows",
     "parse_memory_budget",
     "peak_candidates",
@@ -79,20 +78,10 @@ __all__ = [
     "plan_under_peak",
 ]
 
-# Device-to-host bandwidth one way, GB/s, as reached with pinned memory (PCIe Gen5 x16 on
-# H100/H200, Gen4 on A100); keys matched as substrings of the roofline device's name.
-HOST_LINK_GBPS = {"H200": 55.0, "H100": 50.0, "A100": 25.0, "L40S": 25.0, "L4": 25.0,
-                  "A10": 25.0, "V100": 12.0, "T4": 12.0, "RTX": 25.0}
-# Unknown devices (and the CPU, whose "host" is itself): the H100's link.
-DEFAULT_HOST_LINK_GBPS = 50.0
 # Smaller values are not worth a copy's launch and event (and never offloaded).
 OFFLOAD_MIN_BYTES = 2**20
 # The fractions whose plans a peak cap chooses among (fixed: monotone in the cap).
 PEAK_PLAN_FRACTIONS = tuple(i / 16 for i in range(16, -1, -1))
-# The flag names (aot_config.functorch / PartitionConfig) read with getattr: the offload
-# mechanism's branch adds them.
-_BANDWIDTH_FIELDS = ("offload_bandwidth_gbps", "activation_offload_bandwidth_gbps")
-
 
 # ---- budgets as written -----------------------------------------------------------------------
 
@@ -132,24 +121,14 @@ def parse_memory_budget(value: object) -> MemoryBudget:
 
 # ---- costs of an offload ----------------------------------------------------------------------
 
-def host_link_bandwidth(config: Any = None, device: torch.device | None = None,
-                        bandwidth_gbps: float | None = None) -> float:
-    """Bytes/s one way between the device and pinned host memory: ``bandwidth_gbps``, else the
-    config's ``offload_bandwidth_gbps`` (flag ``activation_offload_bandwidth_gbps``), else
-    ``HOST_LINK_GBPS`` for the roofline device's name, else ``DEFAULT_HOST_LINK_GBPS``."""
-    gbps = bandwidth_gbps
-    for name in _BANDWIDTH_FIELDS:
-        if gbps is None:
-            gbps = getattr(config, name, None)
-    if gbps is None:
-        name = roofline.device_numbers(device or torch.device("cpu")).name
-        matches = [key for key in HOST_LINK_GBPS if key in name]
-        gbps = HOST_LINK_GBPS[max(matches, key=len)] if matches else DEFAULT_HOST_LINK_GBPS
-    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not gbps > 0 \
-            or not math.isfinite(gbps):
-        raise ValueError(f"activation offload bandwidth must be a positive number of GB/s "
-                         f"(activation_offload_bandwidth_gbps); got {gbps!r}")
-    return float(gbps) * 1e9
+def _link_bandwidth(config: Any, device: torch.device | None,
+                    bandwidth_gbps: float | None) -> float:
+    """Bytes/s one way between ``device`` (default: the CPU) and host memory: fx/offload.py's
+    ``host_link_bandwidth`` with ``bandwidth_gbps``, else the config's
+    ``offload_bandwidth_gbps`` (flag ``activation_offload_cpu_gpu_bw``; no config: None)."""
+    if bandwidth_gbps is None and config is not None:
+        bandwidth_gbps = config.offload_bandwidth_gbps
+    return host_link_bandwidth(device or torch.device("cpu"), bandwidth_gbps)
 
 
 def _backward_nodes(joint_graph: fx.Graph) -> set[fx.Node]:
@@ -208,13 +187,15 @@ def _windows(joint_graph: fx.Graph, schedule: _Schedule, nodes: Sequence[fx.Node
 
 
 def _offloadable(node: fx.Node, min_bytes: int) -> bool:
-    """A computed tensor of its own storage (not a view: its base would stay), big enough,
-    with no user tag (SAC policies' tags win), not a user output."""
+    """A computed tensor the mechanism can offload (fx/offload.py's ``offload_obstacle``: of
+    its own dense storage, not MUST_SAVE), big enough, with no user tag (SAC policies' tags
+    win), not a user output."""
     val = node.meta.get("val")
     return (node.op == "call_function" and isinstance(val, torch.Tensor)
             and not roofline.moves_nothing(node) and node_nbytes(node) >= min_bytes
             and "recompute" not in node.meta
-            and not any(u.op == "output" for u in node.users))
+            and not any(u.op == "output" for u in node.users)
+            and offload_obstacle(node, {node}, ()) is None)
 
 
 def _copy_costs(node: fx.Node, window: float, bandwidth: float) -> tuple[float, float]:
@@ -235,7 +216,7 @@ def plan_offload(joint_graph: fx.Graph, saved_values: Sequence[fx.Node], config:
     windows = _windows(joint_graph, schedule, saved_values)
     device = next((v.device for n in saved_values
                    if isinstance(v := n.meta.get("val"), torch.Tensor)), None)
-    bandwidth = host_link_bandwidth(config, device, bandwidth_gbps)
+    bandwidth = _link_bandwidth(config, device, bandwidth_gbps)
     link = min(schedule.forward_s, schedule.backward_s)
     chosen: list[fx.Node] = []
     used = 0.0
@@ -351,7 +332,7 @@ def _planning(search: BudgetSearch, offload: bool, bandwidth_gbps: float | None,
     windows = _windows(search.joint_graph, schedule, forward)
     device = next((v.device for node in forward
                    if isinstance(v := node.meta.get("val"), torch.Tensor)), None)
-    bandwidth = host_link_bandwidth(search.config, device, bandwidth_gbps)
+    bandwidth = _link_bandwidth(search.config, device, bandwidth_gbps)
     transfer = np.zeros(n)
     exposed = np.full(n, math.inf)
     for v, node in enumerate(forward):
@@ -429,50 +410,6 @@ def _plan_of(answer: KeepRecomputeOffloadAnswer, forward: list[fx.Node],
 
 # ---- the peak budget --------------------------------------------------------------------------
 
-def offload_timeline(timeline: memory.MemoryTimeline, fw: fx.Graph, bw: fx.Graph,
-                     offloaded: Sequence[str], bandwidth: float) -> memory.MemoryTimeline:
-    """``timeline`` with each offloaded value (by name) off the device over its window: from
-    when its copy out ends (after its last forward use) to when its copy back starts (before
-    its first backward use), in roofline seconds of the steps."""
-    if not offloaded:
-        return timeline
-    fw_nodes = {n.name: n for n in fw.nodes}
-    bw_nodes = {n.name: n for n in bw.nodes}
-    seconds = []
-    for step in timeline.steps:
-        node = (fw_nodes if step.phase == "forward" else bw_nodes).get(step.node)
-        seconds.append(estimate_runtime(node, "roofline")
-                       if node is not None and node.op == "call_function" else 0.0)
-    start = np.concatenate([[0.0], np.cumsum(seconds)])
-    place = {(s.phase, s.node): i for i, s in enumerate(timeline.steps)}
-    steps = list(timeline.steps)
-    for name in offloaded:
-        node, placeholder = fw_nodes.get(name), bw_nodes.get(name)
-        if node is None or placeholder is None:
-            raise ValueError(f"offload_timeline: {name!r} is not a saved value of these graphs")
-        fw_steps = [place[("forward", u.name)] for u in [node, *node.users]
-                    if u.op != "output" and ("forward", u.name) in place]
-        bw_steps = [place[("backward", u.name)] for u in placeholder.users
-                    if ("backward", u.name) in place]
-        if not fw_steps or not bw_steps:
-            continue
-        nbytes = node_nbytes(node)
-        transfer = nbytes / bandwidth
-        off_from, back_at = start[max(fw_steps) + 1] + transfer, start[min(bw_steps)] - transfer
-        for i in range(max(fw_steps) + 1, min(bw_steps)):
-            if start[i] >= off_from and start[i + 1] <= back_at:
-                step = steps[i]
-                kinds = dict(step.high_by_kind)
-                kinds["saved"] = max(kinds.get("saved", 0) - nbytes, 0)
-                steps[i] = replace(step, high_bytes=step.high_bytes - nbytes,
-                                   live_bytes=step.live_bytes - nbytes, high_by_kind=kinds)
-    peak_step = max(range(len(steps)), key=lambda i: (steps[i].high_bytes, -i))
-    live = [b for b in timeline.live_at_peak if b.name not in set(offloaded)] \
-        if peak_step == timeline.peak_step else []
-    return replace(timeline, steps=steps, peak_bytes=steps[peak_step].high_bytes,
-                   peak_step=peak_step, live_at_peak=live)
-
-
 @dataclass(frozen=True)
 class PeakPlan:
     """A plan and what one step with it measures in the simulation."""
@@ -485,16 +422,19 @@ class PeakPlan:
 
 def measure_plan(plan: ActivationPlan, joint_module: fx.GraphModule, num_fwd_outputs: int,
                  *, static_input_indices: Sequence[int] | None = None,
-                 bandwidth: float) -> PeakPlan:
-    """Simulate one step under ``plan``: its graphs as the partition builds them, offloaded
-    values freed over their window, exposed copies charged."""
+                 bandwidth_gbps: float | None = None) -> PeakPlan:
+    """Simulate one step under ``plan``: its graphs as the partition builds them, with the
+    offloaded values rewritten by fx/offload.py and simulated by fx/memory.py (freed over
+    their window, transfers recorded), the plan's exposed copies charged. ``bandwidth_gbps``:
+    the host link (None: fx/offload.py's device table)."""
     cut = extract_cut(joint_module, plan.saved, num_fwd_outputs=num_fwd_outputs)
     step = step_estimate(cut.fw, cut.bw, "roofline") + plan.exposed_s
     finish_cut(cut)
+    offload_saved_values(cut.fw, cut.bw, dict.fromkeys((n.name for n in plan.offloaded),
+                                                       "planner"),
+                         num_fwd_outputs=num_fwd_outputs, bandwidth_gbps=bandwidth_gbps)
     static = None if static_input_indices is None else tuple(static_input_indices)
     timeline = memory.simulate_partition(cut.fw, cut.bw, static_input_indices=static)
-    timeline = offload_timeline(timeline, cut.fw, cut.bw, [n.name for n in plan.offloaded],
-                                bandwidth)
     return PeakPlan(plan, int(timeline.peak_bytes), step, timeline)
 
 
@@ -504,15 +444,17 @@ def peak_candidates(search: BudgetSearch, joint_module: fx.GraphModule, num_fwd_
                     fractions: Sequence[float] = PEAK_PLAN_FRACTIONS) -> list[PeakPlan]:
     """The plans a peak cap chooses among, measured: at each of ``fractions``, with and
     without offload; a plan found twice keeps its first place. None depends on a cap."""
-    bandwidth = host_link_bandwidth(search.config, None, bandwidth_gbps)
+    if bandwidth_gbps is None and search.config is not None:
+        bandwidth_gbps = search.config.offload_bandwidth_gbps
     found: dict[tuple[frozenset[fx.Node], frozenset[fx.Node]], ActivationPlan] = {}
     for fraction in fractions:
         for offload in (False, True):
             plan = plan_activations(search, fraction, offload=offload,
-                                    bandwidth_gbps=bandwidth / 1e9, min_bytes=min_bytes)
+                                    bandwidth_gbps=bandwidth_gbps, min_bytes=min_bytes)
             found.setdefault((frozenset(plan.kept), frozenset(plan.offloaded)), plan)
     return [measure_plan(plan, joint_module, num_fwd_outputs,
-                         static_input_indices=static_input_indices, bandwidth=bandwidth)
+                         static_input_indices=static_input_indices,
+                         bandwidth_gbps=bandwidth_gbps)
             for plan in found.values()]
 
 

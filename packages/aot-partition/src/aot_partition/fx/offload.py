@@ -93,7 +93,8 @@ def host_link_bandwidth(device: torch.device, gbps: float | None) -> float:
     """Bytes/s between ``device`` and host memory: ``gbps`` (the flag) if set, else the
     device table's link (H100: 50 GB/s), the CPU's memory bandwidth for a CPU value."""
     if gbps is not None:
-        if not 0 < gbps < float("inf"):
+        if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) \
+                or not 0 < gbps < float("inf"):
             raise ValueError(f"activation_offload_cpu_gpu_bw must be a positive, finite number "
                              f"of GB/s, got {gbps!r}")
         return gbps * 1e9
