@@ -72,6 +72,8 @@ DYNAMO_PHASES = {
     "_recursive_joint_graph_passes": "Inductor joint-graph passes",
     "compile_fx.<locals>.fw_compiler_base": "Inductor forward compile",
     "compile_fx.<locals>.bw_compiler": "Inductor backward compile",
+    "min_cut_rematerialization_partition": "torch's partitioner in Inductor",
+    "AotPipelinePartitioner": "our partitioner in Inductor",
 }
 
 
@@ -230,10 +232,9 @@ def _fill_bytecode_cache(env: dict[str, str]) -> None:
 
 
 def run_all(configs: list[str], budgets: list[float], repeats: int, warm: int,
-            compile_threads: int | None, timeout: float, log: Callable[[str], None]
-            ) -> list[dict[str, Any]]:
+            compile_threads: int | None, timeout: float, log: Callable[[str], None],
+            pycache: str) -> list[dict[str, Any]]:
     root = tempfile.mkdtemp(prefix="compile-time-bench-")
-    pycache = os.path.join(root, "pycache")
     env = _child_env(pycache, compile_threads)
     log(f"filling the bytecode cache in {pycache}")
     _fill_bytecode_cache(env)
@@ -355,6 +356,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warm", type=int, default=2, help="warm runs per configuration")
     parser.add_argument("--compile-threads", type=int, default=1,
                         help="TORCHINDUCTOR_COMPILE_THREADS (0: leave Inductor's default)")
+    parser.add_argument("--pycache", default=os.path.join(tempfile.gettempdir(),
+                                                          "compile-time-bench-pycache"),
+                        help="PYTHONPYCACHEPREFIX of the runs (kept, so a rerun skips filling it)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--out", default=os.path.join(HERE, "out", "compile_time_bench.json"))
     parser.add_argument("--results", action="store_true",
@@ -371,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     load_start = os.getloadavg()[0]
     runs = run_all(args.configs, args.budgets, args.repeats, args.warm,
                    args.compile_threads or None, args.timeout,
-                   lambda message: print(message, flush=True))
+                   lambda message: print(message, flush=True), args.pycache)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": _machine(), "torch": torch.__version__, "python": platform.python_version(),
             "load_start": load_start, "load_end": os.getloadavg()[0], "repeats": args.repeats,
