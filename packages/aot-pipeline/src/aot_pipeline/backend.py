@@ -228,8 +228,8 @@ def _reset() -> None:
 def _inductor_backend(options: PipelineOptions,
                       recorder: PartitionRecorder | None) -> Callable[..., CompiledGraph]:
     patches = inductor_config_patches(options)
-    # Imported now, as torch.compile(backend="inductor") does when called, and not in the first
-    # compiled step.
+    # Imported now: when aot_pipeline.compile() is called (as torch.compile(backend="inductor")
+    # does), or at the first graph of torch.compile(backend="aot_pipeline").
     _compat.compile_fx()
 
     def compile_with_inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:

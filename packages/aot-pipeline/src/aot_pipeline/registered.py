@@ -1,17 +1,15 @@
-"""What ``torch.compile(backend="aot_pipeline")`` loads: the back end, Inductor's compiler ready.
+"""What ``torch.compile(backend="aot_pipeline")`` loads: the back end, nothing more.
 
 Dynamo imports this module (our ``torch_dynamo_backends`` entry point) when ``torch.compile`` is
-called with our name. ``torch.compile(backend="inductor")`` imports Inductor's ``compile_fx``
-at that moment too; doing the same here keeps that import (seconds on CPU) out of the first
-compiled step, so a warm restart's first step costs what Inductor's does. ``import aot_pipeline``
-stays light: only this entry point pays.
+called with our name. The compiler (Inductor or one of aot_compilers') is only known when the
+first graph arrives with its ``options``, so Inductor's ``compile_fx`` (about 0.7 s of CPU) is
+imported then, by the back end, and only for ``compiler="inductor"``: ``compiler="nop"`` never
+pays it, and for Inductor the whole compile costs the same as importing it here.
+``import aot_pipeline`` stays light: only this entry point imports torch.
 """
 
 from __future__ import annotations
 
-from . import _compat
 from .backend import aot_pipeline_backend
-
-_compat.compile_fx()
 
 __all__ = ["aot_pipeline_backend"]
