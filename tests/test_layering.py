@@ -132,7 +132,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # leaves: errors, flag access and the config snapshot (no torch)
     ("errors", "flags", "config", "_moved"),
     # core/: the graph-agnostic core on plain data (numpy/scipy only)
-    ("core.milp_limits", "core.mincut", "core.mincut_small", "core.mincut_scipy",
+    ("core.milp_limits", "core.sparse_rows", "core.mincut", "core.mincut_small", "core.mincut_scipy",
      "core.knapsack", "core.graph", "core.ilp_graph", "core.offload_milp", "core.rules",
      "core.load", "core.timeline", "core.report", "core.budget", "core"),
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional

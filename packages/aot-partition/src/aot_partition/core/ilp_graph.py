@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .milp_limits import milp_limits, stopped_by_limit
+from .sparse_rows import LowerBoundRows
 
 log = logging.getLogger(__name__)
 
@@ -248,24 +249,13 @@ def _percent(gap: float | None) -> str:
 def _constraints(problem: SaveOrRecompute) -> tuple[list[Any], Any]:
     """The dependency and memory constraints, and the variable bounds (see module doc)."""
     from scipy.optimize import Bounds, LinearConstraint
-    from scipy.sparse import coo_matrix
 
     n = problem.num_forward
     sizes = np.asarray(problem.sizes, dtype=np.float64)
     num_inputs = int(sizes.shape[0]) - n
     num_vars = 2 * n + num_inputs
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lower: list[float] = []
-
-    def add(entries: list[tuple[int, float]], lb: float) -> None:
-        for col, val in entries:
-            rows.append(len(lower))
-            cols.append(col)
-            vals.append(val)
-        lower.append(lb)
-
+    dependency = LowerBoundRows()
+    add = dependency.add
     # Columns: save[v] = v, recompute[v] = n + v, keep[input k] = 2n + k.
     for v in range(n):
         if problem.read_by_backward[v]:
@@ -275,10 +265,9 @@ def _constraints(problem: SaveOrRecompute) -> tuple[list[Any], Any]:
                 add([(u, 1.0), (n + u, 1.0), (n + v, -1.0)], 0.0)
             else:
                 add([(n + u, 1.0), (n + v, -1.0)], 0.0)
-    dependency = coo_matrix((vals, (rows, cols)), shape=(len(lower), num_vars)).tocsr()
     memory_row = np.concatenate([sizes[:n], np.zeros(n), sizes[n:]])
     constraints = [
-        LinearConstraint(dependency, lb=np.asarray(lower), ub=np.inf),
+        dependency.constraint(num_vars),
         LinearConstraint(memory_row.reshape(1, -1), ub=problem.capacity),
     ]
     input_lower = np.asarray(problem.read_by_backward[n:], dtype=np.float64)

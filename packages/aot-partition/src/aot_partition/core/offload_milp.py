@@ -35,6 +35,7 @@ import numpy as np
 
 from .ilp_graph import SaveOrRecompute, _lexicographic_costs, evaluate
 from .milp_limits import stopped_by_limit
+from .sparse_rows import LowerBoundRows
 
 log = logging.getLogger(__name__)
 
@@ -166,24 +167,13 @@ def _fits(problem: KeepRecomputeOffload, answer: KeepRecomputeOffloadAnswer) -> 
 def _model(problem: KeepRecomputeOffload) -> tuple[list[Any], np.ndarray, np.ndarray]:
     """(constraints, lower bounds, upper bounds) of the MILP (see module doc)."""
     from scipy.optimize import LinearConstraint
-    from scipy.sparse import coo_matrix
 
     base = problem.base
     n = base.num_forward
     sizes = np.asarray(base.sizes, dtype=np.float64)
     num_inputs = int(sizes.shape[0]) - n
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lower: list[float] = []
-
-    def add(entries: list[tuple[int, float]], lb: float) -> None:
-        for col, val in entries:
-            rows.append(len(lower))
-            cols.append(col)
-            vals.append(val)
-        lower.append(lb)
-
+    dependency = LowerBoundRows()
+    add = dependency.add
     # Columns: save[v] = v, recompute[v] = n + v, offload[v] = 2n + v, keep[k] = 3n + k.
     for v in range(n):
         if base.read_by_backward[v]:
@@ -194,11 +184,10 @@ def _model(problem: KeepRecomputeOffload) -> tuple[list[Any], np.ndarray, np.nda
             else:
                 add([(2 * n + u, 1.0), (n + v, -1.0)], 0.0)  # keep[k] is column 3n + k
     num_vars = 3 * n + num_inputs
-    dependency = coo_matrix((vals, (rows, cols)), shape=(len(lower), num_vars)).tocsr()
     memory_row = np.concatenate([sizes[:n], np.zeros(2 * n), sizes[n:]])
     link_row = np.concatenate([np.zeros(2 * n), np.asarray(problem.transfer_s, np.float64),
                                np.zeros(num_inputs)])
-    constraints = [LinearConstraint(dependency, lb=np.asarray(lower), ub=np.inf),
+    constraints = [dependency.constraint(num_vars),
                    LinearConstraint(memory_row.reshape(1, -1), ub=base.capacity)]
     if math.isfinite(problem.link_s):
         constraints.append(LinearConstraint(link_row.reshape(1, -1), ub=problem.link_s))
