@@ -228,7 +228,8 @@ enable_activation_offloading: bool = flag(
 
 activation_offload_planner: bool = flag(
     False,
-    doc="Let aot_partition.budget.offload_plan choose saved values to offload (when installed); "
+    doc="The keep / recompute / offload planner (aot_partition.budget.offload_plan) chooses the "
+        "cut and the saved values to offload under the fraction, byte or peak budget; "
         "should_offload tags are honoured too. MUST_SAVE values are never offloaded.",
 )
 
