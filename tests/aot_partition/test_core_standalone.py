@@ -5,31 +5,15 @@ foreign front end run verbatim (also where importing torch raises)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
+
+from no_torch import run_python
 
 README = (Path(__file__).resolve().parents[2] / "packages" / "aot-partition" / "README.md")
 SECTION = "## The core on its own"
 
-# A meta path finder that refuses torch (test_core_without_torch.py checks that it works).
-TORCH_BLOCKED = """
-import sys
-
-class RefuseTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError(f"torch is blocked in this test (importing {name})")
-        return None
-
-sys.meta_path.insert(0, RefuseTorch())
-"""
-
-
-def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", TORCH_BLOCKED + textwrap.dedent(code)],
-                          capture_output=True, text=True, timeout=120)
+def _run(code: str):
+    return run_python(code, block_torch=True)
 
 
 def test_budgets_run_where_importing_torch_raises():
@@ -74,13 +58,13 @@ def test_budgets_run_where_importing_torch_raises():
 
 
 def test_importing_the_core_loads_no_torch_and_its_time_is_printed():
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    done = run_python("""
         import sys, time
         start = time.perf_counter()
         import aot_partition.core
         took = time.perf_counter() - start
         print("torch" in sys.modules, f"{took:.3f}")
-    """)], capture_output=True, text=True, timeout=120)
+    """)
     assert done.returncode == 0, done.stderr
     loaded_torch, took = done.stdout.split()
     print(f"import aot_partition.core: {took} s")  # the number goes to the README, not here

@@ -3,41 +3,23 @@ of the core leaves torch unloaded (the package ``__init__`` loads its fx front e
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from no_torch import run_python
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=120)
-
-
-# A meta path finder that refuses torch (and anything under it): an import of torch raises.
-_TORCH_BLOCKED = """
-import sys
-
-class RefuseTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError(f"torch is blocked in this test (importing {name})")
-        return None
-
-sys.meta_path.insert(0, RefuseTorch())
-"""
+def _run(code: str, *, block_torch: bool = False):
+    return run_python(code, block_torch=block_torch)
 
 
 def test_the_blocker_makes_importing_torch_raise():
     # The check below cannot pass vacuously: with the blocker, torch does not import.
-    done = _run(_TORCH_BLOCKED + "import torch\n")
+    done = _run("import torch\n", block_torch=True)
     assert done.returncode != 0
     assert "torch is blocked in this test" in done.stderr
 
 
 def test_core_min_cut_runs_where_importing_torch_raises():
-    done = _run(_TORCH_BLOCKED + """
+    done = _run(block_torch=True, code="""
 from aot_partition.core import CoreGraph, CoreNode, partition
 from aot_partition.errors import InfeasibleMinCutError
 
