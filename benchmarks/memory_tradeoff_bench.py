@@ -118,14 +118,22 @@ def capture_real(name: str) -> tuple[Joint, list[int]]:
 
 
 def capture_fake(name: str) -> tuple[Joint, list[int]]:
-    """A ``FAKE_MODELS`` GPT traced on fake CPU tensors in bf16 (nothing is computed; the sizes
-    are real), its joint and the static-lifetime input indices (the parameters)."""
+    """A ``FAKE_MODELS`` GPT traced on fake CPU tensors in bf16 (see capture_fake_model)."""
     from aot_pipeline.models import GPT
+
+    spec = dict(FAKE_MODELS[name])
+    batch = spec.pop("batch")
+    return capture_fake_model(name, GPT, spec, batch)
+
+
+def capture_fake_model(name: str, cls: type[torch.nn.Module], spec: dict[str, Any], batch: int
+                       ) -> tuple[Joint, list[int]]:
+    """``cls(**spec)`` traced on fake CPU tensors in bf16 on a ``(batch, spec["seq"])`` token
+    batch (nothing is computed; the sizes are real): its joint and the static-lifetime input
+    indices (the parameters)."""
     from functorch.compile import aot_function, default_partition, make_boxed_func
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    spec = dict(FAKE_MODELS[name])
-    batch, seq = spec.pop("batch"), spec["seq"]
     record: dict[str, Joint] = {}
 
     def recording(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
@@ -140,11 +148,11 @@ def capture_fake(name: str) -> tuple[Joint, list[int]]:
     with FakeTensorMode(allow_non_fake_inputs=True):
         torch.set_default_dtype(torch.bfloat16)
         try:
-            module = GPT(**spec)
+            module = cls(**spec)
         finally:
             torch.set_default_dtype(default_dtype)
         params = dict(module.named_parameters())
-        tokens = torch.randint(0, spec["vocab"], (batch, seq))
+        tokens = torch.randint(0, spec["vocab"], (batch, spec["seq"]))
 
         def step(params: dict[str, torch.Tensor], tokens: torch.Tensor) -> Any:
             return torch.func.functional_call(module, params, (tokens,))

@@ -96,37 +96,11 @@ class Row:
 def capture_fake(label: str, cls: type[torch.nn.Module], spec: dict[str, Any], batch: int
                  ) -> Joint:
     """The model's joint graph traced on fake bf16 CPU tensors; parameters are static."""
-    from functorch.compile import aot_function, make_boxed_func
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    sys.path.insert(0, HERE)
+    from memory_tradeoff_bench import capture_fake_model
 
-    record: dict[str, Joint] = {}
-
-    def recording(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
-                  **kwargs: Any) -> Any:
-        record["joint"] = Joint(label, copy.deepcopy(joint), joint_inputs, num_fwd_outputs, [])
-        return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-
-    def boxed(gm: fx.GraphModule, _inputs: Any) -> Any:
-        return make_boxed_func(gm)
-
-    default_dtype = torch.get_default_dtype()
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            module = cls(**spec)
-        finally:
-            torch.set_default_dtype(default_dtype)
-        params = dict(module.named_parameters())
-        tokens = torch.randint(0, spec["vocab"], (batch, spec["seq"]))
-
-        def step(params: dict[str, torch.Tensor], tokens: torch.Tensor) -> Any:
-            return torch.func.functional_call(module, params, (tokens,))
-
-        aot_function(step, fw_compiler=boxed, bw_compiler=boxed,
-                     partition_fn=recording)(params, tokens)
-    joint = record["joint"]
-    joint.static = list(range(len(params)))
-    return joint
+    traced, static = capture_fake_model(label, cls, spec, batch)
+    return Joint(label, traced.module, traced.inputs, traced.num_fwd_outputs, static)
 
 
 def _step_seconds(*graphs: fx.Graph) -> float:
