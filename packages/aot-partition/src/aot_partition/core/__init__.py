@@ -25,7 +25,7 @@ from .graph import (
     partition,
 )
 from .load import dump_core_graph, load_core_graph
-from .report import CoreNodeReport, CoreReport
+from .report import CoreReport
 from .timeline import CoreMemoryTimeline, simulate_memory
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "CoreGraphError",
     "CoreMemoryTimeline",
     "CoreNode",
-    "CoreNodeReport",
     "CorePartition",
     "CoreReport",
     "default_save_costs",

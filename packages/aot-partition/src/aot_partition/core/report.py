@@ -10,19 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .graph import RECOMPUTED, CorePartition
+from .graph import RECOMPUTED, CoreDecision, CorePartition
 
-__all__ = ["CoreNodeReport", "CoreReport", "core_report"]
-
-
-@dataclass(frozen=True)
-class CoreNodeReport:
-    """One node: ``kind`` is saved, recomputed, forward (forward only) or backward."""
-
-    id: str
-    kind: str
-    reason: str
-    ban: str | None = None      # why it may not be recomputed, when it is banned
+__all__ = ["CoreReport", "core_report"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +22,7 @@ class CoreReport:
     saved_bytes: int
     peak_bytes: int
     recompute_runtime: float
-    nodes: tuple[CoreNodeReport, ...]
+    nodes: tuple[CoreDecision, ...]  # one per node, the budget's lifted bans named
 
     def by_kind(self, kind: str) -> tuple[str, ...]:
         """Ids of the nodes of one kind, in graph order."""
@@ -58,5 +48,5 @@ def core_report(result: CorePartition, *, budget: str, chosen: str, saved_bytes:
             ban = lifted
             if decision.kind == RECOMPUTED:
                 reason = f"recomputed in backward: the budget lifted its ban ({lifted})"
-        rows.append(CoreNodeReport(node_id, decision.kind, reason, ban))
+        rows.append(CoreDecision(node_id, decision.kind, reason, ban))
     return CoreReport(budget, chosen, saved_bytes, peak_bytes, recompute_runtime, tuple(rows))
