@@ -211,3 +211,28 @@ def test_pointwise_ops_are_torchs(monkeypatch, has_op_overloads):
         assert list(classify_module.pointwise_ops()) == list(torch_partitioners.pointwise_ops())
     finally:
         classify_module.pointwise_ops.cache_clear()
+
+
+def test_default_op_types_look_pointwise_up_per_packet(monkeypatch):
+    """default_op_types() no longer lists the 1,300 aten packets up front: each packet a graph
+    uses is checked for the pointwise tag on first sight, with the same answer as the full list
+    torch builds (``get_default_op_list``) on every aten packet."""
+    classify_module.default_op_types.cache_clear()
+    classify_module.pointwise_ops.cache_clear()
+    scanned: list[int] = []
+    monkeypatch.setattr(classify_module, "pointwise_ops", lambda: scanned.append(1) or ())
+    try:
+        ops = classify_module.default_op_types()
+    finally:
+        classify_module.default_op_types.cache_clear()
+    assert scanned == []  # the full scan is not run
+    torch_recomputable = set(torch_partitioners.get_default_op_list().recomputable_ops)
+    aten = torch.ops.aten
+    packets = [getattr(aten, n) for n in dir(aten)
+               if isinstance(getattr(aten, n), torch._ops.OpOverloadPacket)]
+    differ = [str(p) for p in packets if ops.recomputes(p) != (p in torch_recomputable)]
+    # the few we list beyond torch (2.13's additions) and nothing else
+    assert set(differ) <= {str(p) for p in ops.recomputable_ops}, differ
+    assert ops.recomputes(aten.sin) and ops.recomputes(aten.add)  # pointwise: must fire
+    assert not ops.recomputes(aten.mm) and not ops.recomputes(aten.convolution)  # must not
+    assert not ops.recomputes(torch.ops.prims.sin)  # prims are not in torch's pointwise list

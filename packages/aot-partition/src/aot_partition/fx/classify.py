@@ -48,6 +48,10 @@ class OpTypes:
     random_ops: frozenset[Callable[..., Any]]
     view_ops: frozenset[Callable[..., Any]]
     recomputable_ops: frozenset[Callable[..., Any]]
+    # Also count every aten packet with an overload tagged pointwise as recomputable and
+    # fusible, checked per packet the first time a graph uses it: listing them all up front
+    # (``pointwise_ops()``, 1,300 packets) cost more than a whole partition of a small graph.
+    pointwise_recomputable: bool = False
     # target -> its categories as bits: the policy asks tens of thousands of times per
     # partition, and an OpOverloadPacket hashes in Python.
     _memo: dict[Any, int] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -63,11 +67,17 @@ class OpTypes:
             return self._categories_of(aten_packet(node))
 
     def _categories_of(self, packet: Any) -> int:
-        return ((packet in self.fusible_ops) * _FUSIBLE
+        pointwise = self.pointwise_recomputable and is_pointwise(packet)
+        return ((pointwise or packet in self.fusible_ops) * _FUSIBLE
                 | (packet in self.compute_intensive_ops) * _COMPUTE_INTENSIVE
                 | (packet in self.random_ops) * _RANDOM
                 | (packet in self.view_ops) * _VIEW
-                | (packet in self.recomputable_ops) * _RECOMPUTABLE)
+                | (pointwise or packet in self.recomputable_ops) * _RECOMPUTABLE)
+
+    def recomputes(self, packet: Any) -> bool:
+        """Whether ops of ``packet`` (an OpOverloadPacket or a plain callable) may be
+        recomputed: in ``recomputable_ops``, or pointwise under ``pointwise_recomputable``."""
+        return bool(self._categories_of(packet) & _RECOMPUTABLE)
 
     def is_fusible(self, node: fx.Node) -> bool:
         return bool(self._categories(node) & _FUSIBLE)
@@ -96,11 +106,17 @@ def pointwise_ops() -> tuple[Any, ...]:
     found = []
     for name in dir(torch.ops.aten):
         packet = getattr(torch.ops.aten, name)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
-            continue
-        if any(torch.Tag.pointwise in overload.tags for overload in _overloads_of(packet)):
+        if isinstance(packet, torch._ops.OpOverloadPacket) and is_pointwise(packet):
             found.append(packet)
     return tuple(found)
+
+
+def is_pointwise(packet: Any) -> bool:
+    """An aten packet with at least one overload tagged pointwise (torch's own test)."""
+    if not (isinstance(packet, torch._ops.OpOverloadPacket)
+            and getattr(packet, "_qualified_op_name", "").startswith("aten::")):
+        return False
+    return any(torch.Tag.pointwise in overload.tags for overload in _overloads_of(packet))
 
 
 def _overloads_of(packet: torch._ops.OpOverloadPacket) -> Iterable[Any]:
@@ -144,9 +160,8 @@ def default_op_types() -> OpTypes:
         + _existing(prims, _RECOMPUTABLE_PRIMS)
         + [operator.getitem]
         + view_ops
-        + list(pointwise_ops())
         + [method_to_operator(m) for m in magic_methods]
-    )
+    )  # + every aten pointwise packet, looked up per packet (pointwise_recomputable)
     random_ops = _existing(aten, _RANDOM_ATEN)
     return OpTypes(
         fusible_ops=frozenset(recomputable) | frozenset(random_ops),
@@ -154,6 +169,7 @@ def default_op_types() -> OpTypes:
         random_ops=frozenset(random_ops),
         view_ops=frozenset(view_ops),
         recomputable_ops=frozenset(recomputable),
+        pointwise_recomputable=True,
     )
 
 

@@ -90,11 +90,11 @@ def solve_min_cut_detailed(
 
 def print_banned_ops(joint_graph: fx.Graph, op_types: OpTypes) -> None:
     """debug_partitioner: list the ops of this graph that may never be rematerialized."""
-    ops = {
+    ignored = {
         str(node.target._overloadpacket)
         for node in joint_graph.nodes
         if node.op == "call_function" and hasattr(node.target, "_overloadpacket")
+        and not op_types.recomputes(node.target._overloadpacket)
     }
-    ignored = ops - {str(op) for op in op_types.recomputable_ops}
     print("Ops banned from rematerialization: ", sorted(ignored))
     print()
