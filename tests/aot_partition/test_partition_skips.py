@@ -8,7 +8,8 @@ saved set is the one the work would have given.
   extraction);
 - step estimates of one joint's cuts are memoized by node (``caps.NodeEstimates``);
 - small flow networks take a plain-Python max-flow with scipy's cut (``core.mincut_small``);
-- the pointwise op list is torch's.
+- budget 0 estimates no runtime (no knapsack decides there);
+- the pointwise op list is torch's, looked up per packet a graph uses.
 """
 
 from __future__ import annotations
@@ -75,6 +76,38 @@ def test_budget_zero_skips_step_two(gpt_joint, monkeypatch):
     saved, made = saved_at(gpt_joint, 0.0, eager=False, monkeypatch=monkeypatch)
     assert "more" not in made and made[:2] == ["optimal", "aggressive"]
     assert saved == saved_at(gpt_joint, 0.0, eager=True, monkeypatch=monkeypatch)[0]
+
+
+def estimates_at(joint, budget: float, monkeypatch) -> tuple[list[str], int]:
+    """(saved names of the partition at ``budget``, estimate_runtime calls it made)."""
+    from aot_partition.budget import search as search_module
+
+    calls = [0]
+    estimate = search_module.estimate_runtime
+
+    def counting(node, estimator=None):
+        calls[0] += 1
+        return estimate(node, estimator)
+
+    monkeypatch.setattr(search_module, "estimate_runtime", counting)
+    _, _, report = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
+                                         config=PartitionConfig(memory_budget=budget))
+    return sorted(d.name for d in report.saved), calls[0]
+
+
+def test_budget_zero_estimates_no_runtime(gpt_joint, monkeypatch, caplog):
+    # At 0 every knapsack item is recomputed whatever it costs: no estimate (the log line that
+    # reports the recompute runtime is the only reader, and makes them when it is on).
+    saved, calls = estimates_at(gpt_joint, 0.0, monkeypatch)
+    assert calls == 0
+    with caplog.at_level("INFO", logger="aot_partition.partitioners"):
+        logged_saved, logged_calls = estimates_at(gpt_joint, 0.0, monkeypatch)
+    assert logged_calls > 0 and logged_saved == saved
+    assert "memory budget 0.000" in caplog.text and "recompute runtime" in caplog.text
+    # the search's own answer at 0, which estimates them
+    assert saved == sorted(saved_at(gpt_joint, 0.0, eager=True, monkeypatch=monkeypatch)[0])
+    # and where the knapsack decides, the items are estimated
+    assert estimates_at(gpt_joint, 0.5, monkeypatch)[1] > 0
 
 
 # ---- the simulated graphs are the partition's ------------------------------------------------

@@ -320,7 +320,10 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     search = BudgetSearch.prepare(joint_graph, node_info, config=config)
     # torch's case, one region over the whole forward: at 0.0 the region is checkpointed whole.
     search.inputs_alive = regions is not None and regions.whole_forward_fraction() == budget
-    if config.reference_estimator is None:
+    if budget == 0.0:  # no estimate decides at 0 (no knapsack, no reference check)
+        saved, check = search.least_memory_values(), None
+        runtime = float(sum(search.item_runtimes())) if log.isEnabledFor(logging.INFO) else 0.0
+    elif config.reference_estimator is None:
         saved, runtime = search.saved_values(budget)
         check = None
     else:

@@ -238,9 +238,9 @@ def cut_candidates(search: BudgetSearch) -> list[CutCandidate]:
     found.setdefault(frozenset(inputs), (inputs, "inputs only"))
     made = [candidate(search, saved, label, rank)
             for rank, (saved, label) in enumerate(found.values())]
-    search._all_runtimes()  # the knapsack items, whose recompute the runtime counts
     baseline = made[0].recomputed
-    runtime_of = dict(zip(search.candidates, search.runtimes))
+    # the knapsack items, whose recompute the runtime counts
+    runtime_of = dict(zip(search.candidates, search.item_runtimes()))
     made = [
         replace(c, runtime=float(sum(runtime_of.get(n, 0.0)
                                      for n in c.recomputed - baseline)))

@@ -167,7 +167,9 @@ class BudgetSearch:
     candidates: list[fx.Node] = field(default_factory=list)  # recomputable banned, big first
     must_save: list[fx.Node] = field(default_factory=list)
     memories: list[float] = field(default_factory=list)      # normalized to the budget range
-    runtimes: list[float] = field(default_factory=list)
+    # The candidates' runtime estimates, made on first use (``item_runtimes``): budget 0
+    # recomputes every candidate whatever it costs, so it needs none.
+    runtimes: list[float] | None = None
     # Every cut made, by its saved set: the partition report explains the chosen one.
     solutions: dict[frozenset[fx.Node], MinCutSolution] = field(default_factory=dict)
     # The options each of those cuts was made under (the report names their active rules).
@@ -225,9 +227,7 @@ class BudgetSearch:
             return self
         if self.has_range:  # without a range no budget makes a cut beyond the optimal one
             self._escalate()
-        return replace(self, estimator=estimator,
-                       runtimes=[estimate_runtime(n, estimator) for n in self.candidates],
-                       cut_candidates_cache=None)
+        return replace(self, estimator=estimator, runtimes=None, cut_candidates_cache=None)
 
     def ilp_size(self) -> int:
         """The number of forward nodes the "ilp_graph" solver's MILP would have."""
@@ -289,18 +289,29 @@ class BudgetSearch:
                                                                self.options)
         span = self.max_bytes - self.min_bytes
         self.memories = [recompute_savings(n) / span for n in self.candidates]
-        self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
+        self.runtimes = None
 
     def knapsack(self, memory_budget: float, solver: str | None = None) -> KnapsackResult:
         """(kept runtime, saved indices, recompute indices) over ``candidates``."""
         solver = solver or self.solver
         if solver == "dp_graph":
             return graph_aware_knapsack(self, memory_budget)
-        return get_knapsack_solver(solver)(self.memories, self.runtimes, max(memory_budget, 0.0))
+        return get_knapsack_solver(solver)(self.memories, self.item_runtimes(),
+                                           max(memory_budget, 0.0))
 
-    def _all_runtimes(self) -> list[float]:
+    def item_runtimes(self) -> list[float]:
+        """The knapsack items' (``candidates``) runtime estimates, estimated once."""
         self._escalate_aggressive()
+        if self.runtimes is None:
+            self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
         return self.runtimes
+
+    def least_memory_values(self) -> list[fx.Node]:
+        """``saved_values(0)``'s saved set without its runtime (no estimate is made)."""
+        if self.inputs_alive or self.has_range:
+            self._escalate_aggressive()  # the options and the candidates it releases
+            return self._recompute_everything()
+        return list(self.runtime_optimal)  # the optimal cut is no bigger than the inputs
 
     def saved_values(self, memory_budget: float,
                      dp_answer: tuple[list[fx.Node], float] | None = None
@@ -310,14 +321,11 @@ class BudgetSearch:
         ``dp_answer``: for the "ilp_graph" solver, the "dp" solver's answer at this budget
         under the same estimator, when the caller already has it (it is not solved again)."""
         memory_budget = validate_memory_budget(memory_budget)
-        if memory_budget == 0 and self.inputs_alive:
-            runtime = float(sum(self._all_runtimes()))  # escalates: the options it needs
-            return self._recompute_everything(), runtime
+        if memory_budget == 0 and (self.inputs_alive or self.has_range):
+            saved = self.least_memory_values()
+            return saved, float(sum(self.item_runtimes()))
         if not self.has_range:  # the optimal cut is already no bigger than the inputs
             return list(self.runtime_optimal), 0.0
-        if memory_budget == 0:
-            runtime = float(sum(self._all_runtimes()))
-            return self._recompute_everything(), runtime
         if memory_budget == 1:
             return list(self.runtime_optimal), 0.0
         if self.solver == "ilp_graph":
@@ -377,7 +385,7 @@ class BudgetSearch:
         dont_ban = {self.candidates[i] for i in recompute_idx}
         assert self.aggressive_options is not None
         saved, _ = self.solve(self.aggressive_options, dont_ban)
-        return saved, float(sum(self.runtimes)) - kept_runtime
+        return saved, float(sum(self.item_runtimes())) - kept_runtime
 
 
 def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> KnapsackResult:
@@ -388,10 +396,11 @@ def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> Knapsack
     and overshoot the budget. While the final cut is over budget, the kept node with the least
     runtime per byte is released too (at most ``DP_GRAPH_MAX_REPAIRS`` extra cuts).
     """
-    kept_runtime, saved_idx, recompute_idx = dp_knapsack(search.memories, search.runtimes,
+    runtimes = search.item_runtimes()
+    kept_runtime, saved_idx, recompute_idx = dp_knapsack(search.memories, runtimes,
                                                          max(memory_budget, 0.0))
     assert search.aggressive_options is not None
-    order = sorted(saved_idx, key=lambda i: search.runtimes[i] / max(search.memories[i], 1e-12))
+    order = sorted(saved_idx, key=lambda i: runtimes[i] / max(search.memories[i], 1e-12))
     released = set(recompute_idx)
     for _ in range(DP_GRAPH_MAX_REPAIRS + 1):
         dont_ban = {search.candidates[i] for i in released}
@@ -400,7 +409,7 @@ def graph_aware_knapsack(search: BudgetSearch, memory_budget: float) -> Knapsack
             break
         released.add(order.pop(0))
     kept = sorted(set(range(len(search.candidates))) - released)
-    runtime = float(sum(search.runtimes[i] for i in kept))
+    runtime = float(sum(runtimes[i] for i in kept))
     return runtime, kept, sorted(released)
 
 
