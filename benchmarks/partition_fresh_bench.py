@@ -291,9 +291,9 @@ def main(argv: list[str] | None = None) -> int:
 
 RESULTS_HEADER = """# Partition time, one cold call: torch / ours (issue 28, item 5)
 
-Date: {date}; machine: {machine} (2-core CPU VM shared with other engineers' jobs: load
-average 10-15 during the run, so milliseconds are inflated several times; compare the ratios,
-each measured side by side); torch {torch}.
+Date: {date}; machine: {machine} (a 2-core CPU VM, quiet during these runs: load average
+0.1-1.2, so the milliseconds are about 10x below the previous table's, measured at load 10-15;
+compare the ratios, each measured side by side); torch {torch}.
 
 Protocol (`benchmarks/partition_fresh_bench.py`): each timing is one call on a fresh deep copy
 of the joint (copy not timed); before every call the functools caches of aot_partition and of

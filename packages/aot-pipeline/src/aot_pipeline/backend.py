@@ -314,3 +314,32 @@ def aot_pipeline_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 
 
 aot_pipeline_backend.reset = _reset  # type: ignore[attr-defined]
+
+
+def _name_in_dynamo_registry() -> bool:
+    """Register ``aot_pipeline_backend`` under its name in Dynamo's registry; False when the
+    name is taken (a user's own back end keeps it).
+
+    Without this, ``torch.compile(backend="aot_pipeline")`` finds us through our
+    ``torch_dynamo_backends`` entry point, and torch's ``lookup_backend`` first imports every
+    ``torch._dynamo.backends`` module and scans the installed entry points for any name not
+    registered yet: 0.2 s of CPU per process, which ``backend="inductor"`` never pays. Once
+    this module is imported the name resolves directly, to the same function.
+
+    Not when the registry knows the name already: either the scan ran (then torch registers
+    our entry point itself, and is importing us right now to do so: a second registration
+    would be refused) or a user's back end took it.
+    """
+    from torch._dynamo.backends import registry
+
+    known = getattr(registry, "_BACKENDS", None)  # None: another torch layout, leave it be
+    if known is None or "aot_pipeline" in known:
+        return False
+    try:
+        registry.register_backend(compiler_fn=aot_pipeline_backend, name="aot_pipeline")
+    except AssertionError:  # "duplicate name": registered under our name by someone else
+        return False
+    return True
+
+
+_name_in_dynamo_registry()
