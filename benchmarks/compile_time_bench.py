@@ -320,7 +320,7 @@ def write_markdown(path: str, meta: dict[str, Any], rows: list[dict[str, Any]],
         "",
         f"Date: {meta['date']}; machine: {meta['machine']}; torch {meta['torch']}; "
         f"load average {meta['load_start']:.1f} at the start, {meta['load_end']:.1f} at the end "
-        "(other engineers' jobs: wall times are noisy, the CPU times are steadier).",
+        "(on a shared VM the CPU times are steadier than the wall times).",
         "",
         "Protocol (`benchmarks/compile_time_bench.py`): the built-in Llama (dim 64, 2 blocks, "
         "each block compiled on its own), one step (forward, loss, backward) timed from the "
