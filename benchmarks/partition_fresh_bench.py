@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "estimator": args.estimator or "roofline (default)",
         "warm": args.warm,
         "repeats": args.repeats,
+        "load": f"{os.getloadavg()[0]:.1f} at the start",
     }
     rows: list[Row] = []
     for joint in joints:
@@ -291,9 +292,8 @@ def main(argv: list[str] | None = None) -> int:
 
 RESULTS_HEADER = """# Partition time, one cold call: torch / ours (issue 28, item 5)
 
-Date: {date}; machine: {machine} (a 2-core CPU VM, quiet during these runs: load average
-0.1-1.2, so the milliseconds are about 10x below the previous table's, measured at load 10-15;
-compare the ratios, each measured side by side); torch {torch}.
+Date: {date}; machine: {machine}, load average {load} (milliseconds grow several times on a
+loaded machine: compare the ratios, each measured side by side); torch {torch}.
 
 Protocol (`benchmarks/partition_fresh_bench.py`): each timing is one call on a fresh deep copy
 of the joint (copy not timed); before every call the functools caches of aot_partition and of
@@ -317,6 +317,8 @@ def write_results(paths: list[str]) -> str:
         with open(path) as f:
             data = json.load(f)
         meta = meta or data["meta"]
+        # runs before the load was recorded: 23:05-23:27 UTC on 2026-11-25, read from uptime
+        meta.setdefault("load", "0.1-1.2")
         for row in data["rows"]:
             rows[(row["model"], row["nodes"], row["budget"])] = row  # zoo and real "llama"
     ordered = sorted(rows.values(), key=lambda r: r["ratio"])

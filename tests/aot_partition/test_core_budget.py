@@ -14,25 +14,7 @@ from aot_partition.core import (
 )
 from aot_partition.core.timeline import decision_kinds
 from aot_partition.errors import UnreachableMemoryBudgetError
-
-
-def mlp(mm_runtime: float = 8.0, relu_runtime: float = 1.0) -> CoreGraph:
-    """x @ w -> relu -> sum; the backward reads relu (test_core_without_torch's graph)."""
-    return CoreGraph((
-        CoreNode("x", nbytes=64, category="input", forward=True),
-        CoreNode("w", nbytes=256, category="parameter", forward=True),
-        CoreNode("mm", ("x", "w"), nbytes=64, category="compute", forward=True,
-                 runtime=mm_runtime),
-        CoreNode("relu", ("mm",), nbytes=64, category="pointwise", forward=True,
-                 runtime=relu_runtime),
-        CoreNode("out", ("relu",), nbytes=4, category="reduction", forward=True),
-        CoreNode("g", nbytes=4, category="tangent", in_backward=True),
-        CoreNode("g_relu", ("g", "relu"), nbytes=64, category="pointwise", in_backward=True),
-        CoreNode("g_w", ("x", "g_relu"), nbytes=256, category="compute", in_backward=True,
-                 backward=True),
-        CoreNode("g_x", ("g_relu", "w"), nbytes=64, category="compute", in_backward=True,
-                 backward=True),
-    ))
+from core_graphs import mlp
 
 
 def two_branches(a_runtime: float, b_runtime: float) -> CoreGraph:

@@ -3,8 +3,12 @@ of the core leaves torch unloaded (the package ``__init__`` loads its fx front e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from no_torch import run_python
+
+TESTS = str(Path(__file__).resolve().parent.parent)  # where core_graphs.py is
 
 
 def _run(code: str, *, block_torch: bool = False):
@@ -19,23 +23,12 @@ def test_the_blocker_makes_importing_torch_raise():
 
 
 def test_core_min_cut_runs_where_importing_torch_raises():
-    done = _run(block_torch=True, code="""
-from aot_partition.core import CoreGraph, CoreNode, partition
-from aot_partition.errors import InfeasibleMinCutError
+    done = _run(block_torch=True, code=f"""
+sys.path.insert(0, {TESTS!r})
+from aot_partition.core import partition
+from core_graphs import mlp
 
-graph = CoreGraph((
-    CoreNode("x", nbytes=64, category="input", forward=True),
-    CoreNode("w", nbytes=256, category="parameter", forward=True),
-    CoreNode("mm", ("x", "w"), nbytes=64, category="compute", forward=True, runtime=8.0),
-    CoreNode("relu", ("mm",), nbytes=64, category="pointwise", forward=True, runtime=1.0),
-    CoreNode("out", ("relu",), nbytes=4, category="reduction", forward=True),
-    CoreNode("g", nbytes=4, category="tangent", in_backward=True),
-    CoreNode("g_relu", ("g", "relu"), nbytes=64, category="pointwise", in_backward=True),
-    CoreNode("g_w", ("x", "g_relu"), nbytes=256, category="compute", in_backward=True,
-             backward=True),
-    CoreNode("g_x", ("g_relu", "w"), nbytes=64, category="compute", in_backward=True,
-             backward=True),
-))
+graph = mlp()
 result = partition(graph)
 print(result.saved, result.cost, result.saved_bytes)
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))

@@ -15,6 +15,7 @@ saved set is the one the work would have given.
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from aot_partition.core import mincut_scipy
 from aot_partition.core.mincut import FlowNetwork
 from aot_partition.fx import classify as classify_module
 from aot_partition.fx.classify import classify
+from aot_partition.fx.joint import aten_packet
 from aot_partition.fx.prepare import prepared_joint
 from aot_partition.partitioners import partition_with_report
 from torch._functorch import partitioners as torch_partitioners
@@ -235,37 +237,57 @@ def test_small_path_fires_under_the_threshold(monkeypatch):
 
 # ---- the pointwise op list -------------------------------------------------------------------
 
+def _aten_packets() -> list:
+    aten = torch.ops.aten
+    return [p for p in (getattr(aten, n) for n in dir(aten))
+            if isinstance(p, torch._ops.OpOverloadPacket)]
+
+
 @pytest.mark.parametrize("has_op_overloads", [True, False])
-def test_pointwise_ops_are_torchs(monkeypatch, has_op_overloads):
+def test_is_pointwise_agrees_with_torchs_pointwise_ops(monkeypatch, has_op_overloads):
+    theirs = list(torch_partitioners.pointwise_ops())
     if not has_op_overloads:  # a torch release without OpOverloadPacket.op_overloads
         monkeypatch.delattr(torch._ops.OpOverloadPacket, "op_overloads", raising=False)
-    classify_module.pointwise_ops.cache_clear()
-    try:
-        assert list(classify_module.pointwise_ops()) == list(torch_partitioners.pointwise_ops())
-    finally:
-        classify_module.pointwise_ops.cache_clear()
+    ours = [p for p in _aten_packets() if classify_module.is_pointwise(p)]
+    assert ours and ours == theirs
+    assert not classify_module.is_pointwise(torch.ops.prims.sin)  # torch lists aten only
+    assert not classify_module.is_pointwise(operator.getitem)
 
 
-def test_default_op_types_look_pointwise_up_per_packet(monkeypatch):
+def test_default_op_types_look_pointwise_up_per_packet(gpt_joint, monkeypatch):
     """default_op_types() no longer lists the 1,300 aten packets up front: each packet a graph
-    uses is checked for the pointwise tag on first sight, with the same answer as the full list
-    torch builds (``get_default_op_list``) on every aten packet."""
+    uses is checked for the pointwise tag on first sight, with the same answer as the
+    list torch builds (``get_default_op_list``) on every aten packet."""
+    checked: list[object] = []
+    is_pointwise = classify_module.is_pointwise
+
+    def counting(packet):
+        checked.append(packet)
+        return is_pointwise(packet)
+
+    monkeypatch.setattr(classify_module, "is_pointwise", counting)
     classify_module.default_op_types.cache_clear()
-    classify_module.pointwise_ops.cache_clear()
-    scanned: list[int] = []
-    monkeypatch.setattr(classify_module, "pointwise_ops", lambda: scanned.append(1) or ())
     try:
         ops = classify_module.default_op_types()
+        assert checked == []  # building the tables checks nothing
+        partition_with_report(gpt_joint.fresh(), num_fwd_outputs=gpt_joint.num_fwd_outputs,
+                              config=PartitionConfig(memory_budget=0.5))
+        nodes = list(gpt_joint.module.graph.nodes)
+        # at most once per op the graph uses (the answers are memoized by target), and only
+        # those: not the 1,300 aten packets
+        assert checked and len(checked) <= len({n.target for n in nodes})
+        assert set(checked) <= {aten_packet(n) for n in nodes}
+        checked.clear()
+        differ = [str(p) for p in _aten_packets()
+                  if ops.recomputes(p) != (p in torch_recomputable())]
     finally:
         classify_module.default_op_types.cache_clear()
-    assert scanned == []  # the full scan is not run
-    torch_recomputable = set(torch_partitioners.get_default_op_list().recomputable_ops)
-    aten = torch.ops.aten
-    packets = [getattr(aten, n) for n in dir(aten)
-               if isinstance(getattr(aten, n), torch._ops.OpOverloadPacket)]
-    differ = [str(p) for p in packets if ops.recomputes(p) != (p in torch_recomputable)]
     # the few we list beyond torch (2.13's additions) and nothing else
     assert set(differ) <= {str(p) for p in ops.recomputable_ops}, differ
+    aten = torch.ops.aten
     assert ops.recomputes(aten.sin) and ops.recomputes(aten.add)  # pointwise: must fire
     assert not ops.recomputes(aten.mm) and not ops.recomputes(aten.convolution)  # must not
-    assert not ops.recomputes(torch.ops.prims.sin)  # prims are not in torch's pointwise list
+
+
+def torch_recomputable() -> set:
+    return set(torch_partitioners.get_default_op_list().recomputable_ops)

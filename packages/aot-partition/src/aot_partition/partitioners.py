@@ -241,12 +241,9 @@ def _caps(search: BudgetSearch, config: PartitionConfig, peak: SimulatedPeak | N
 
 
 def _cap_words(config: PartitionConfig) -> str:
-    words = []
-    if config.memory_budget_bytes is not None:
-        words.append(f"a {config.memory_budget_bytes}-byte budget")
-    if config.peak_bytes is not None:
-        words.append(f"a {config.peak_bytes}-byte peak cap")
-    return " and ".join(words)
+    """The caps in the report's words (``GivenBudget.describe``)."""
+    return given_budget(config.memory_budget, saved_bytes_cap=config.memory_budget_bytes,
+                        peak_cap=config.peak_bytes).describe()
 
 
 class MemoryBudgetBestEffortWarning(UserWarning):

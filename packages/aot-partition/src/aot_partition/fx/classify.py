@@ -50,7 +50,8 @@ class OpTypes:
     recomputable_ops: frozenset[Callable[..., Any]]
     # Also count every aten packet with an overload tagged pointwise as recomputable and
     # fusible, checked per packet the first time a graph uses it: listing them all up front
-    # (``pointwise_ops()``, 1,300 packets) cost more than a whole partition of a small graph.
+    # (1,300 packets, as torch's ``get_default_op_list`` does) cost more than a whole
+    # partition of a small graph.
     pointwise_recomputable: bool = False
     # target -> its categories as bits: the policy asks tens of thousands of times per
     # partition, and an OpOverloadPacket hashes in Python.
@@ -98,17 +99,6 @@ class OpTypes:
 def _existing(namespace: Any, names: Iterable[str]) -> list[Any]:
     # Some prims exist only in some torch releases; skip the missing ones.
     return [getattr(namespace, n) for n in names if hasattr(namespace, n)]
-
-
-@functools.lru_cache(None)
-def pointwise_ops() -> tuple[Any, ...]:
-    """Every aten packet with at least one overload tagged pointwise."""
-    found = []
-    for name in dir(torch.ops.aten):
-        packet = getattr(torch.ops.aten, name)
-        if isinstance(packet, torch._ops.OpOverloadPacket) and is_pointwise(packet):
-            found.append(packet)
-    return tuple(found)
 
 
 def is_pointwise(packet: Any) -> bool:
