@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import pytest
 from aot_partition.config import PartitionConfig
+from aot_partition.core import CoreGraphError, ban_reasons, partition
 from aot_partition.fx.classify import classify
 from aot_partition.fx.network import core_graph_of
 from aot_partition.fx.prepare import prepared_joint
 from aot_partition.fx.solve import solve_min_cut_detailed
 from aot_partition.partitioners import partition_with_report
+from core_graphs import mlp
 from zoo import ZOO, make_case
 
 
@@ -47,3 +49,22 @@ def test_fx_path_and_core_agree(name, capture):
     fx_reasons = {i: (d.kind, d.reason) for i, d in solution.core.decisions.items()}
     assert fx_reasons == {i: (d.kind, d.reason) for i, d in core.decisions.items()}, name
     assert solution.core.cost == core.cost
+    # The bans alone (what budget 0 asks of step 3): the same reasons in the same order.
+    options = call.options
+    alone = ban_reasons(call.graph, rules=options["rules"], release=options["release"],
+                        max_dist_from_bw=options["max_dist_from_bw"])
+    assert list(alone.items()) == list(core.banned_at.items()), name
+
+
+def test_ban_reasons_checks_its_options_as_partition_does():
+    graph = mlp()
+    for bad in ({"rules": ("no_such_rule",)}, {"release": ("nope",)},
+                {"max_dist_from_bw": -1}):
+        with pytest.raises(CoreGraphError) as from_partition:
+            partition(graph, **bad)
+        with pytest.raises(CoreGraphError) as from_bans:
+            ban_reasons(graph, **bad)
+        assert str(from_bans.value) == str(from_partition.value)
+    assert ban_reasons(graph, rules=("compute_intensive",)) == partition(
+        graph, rules=("compute_intensive",)).banned_at == {
+            0: "primal input", 1: "primal input", 2: "compute-intensive op: compute"}

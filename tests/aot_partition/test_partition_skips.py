@@ -9,7 +9,12 @@ saved set is the one the work would have given.
 - step estimates of one joint's cuts are memoized by node (``caps.NodeEstimates``);
 - small flow networks take a plain-Python max-flow with scipy's cut (``core.mincut_small``);
 - budget 0 estimates no runtime (no knapsack decides there);
-- the pointwise op list is torch's, looked up per packet a graph uses.
+- the pointwise op list is torch's, looked up per packet a graph uses;
+- budget 0 makes step 3's bans without its cut, and takes the inputs without comparing when
+  the final cut saves inputs only (a tie);
+- extraction reuses a backward live set found for the same inputs, or for more inputs that
+  the backward does not read;
+- ``min_cut_rematerialization_partition`` builds no report nobody reads.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from aot_partition.fx import classify as classify_module
 from aot_partition.fx.classify import classify
 from aot_partition.fx.joint import aten_packet
 from aot_partition.fx.prepare import prepared_joint
-from aot_partition.partitioners import partition_with_report
+from aot_partition.partitioners import min_cut_rematerialization_partition, partition_with_report
 from torch._functorch import partitioners as torch_partitioners
 from zoo import make_case
 
@@ -291,3 +296,204 @@ def test_default_op_types_look_pointwise_up_per_packet(gpt_joint, monkeypatch):
 
 def torch_recomputable() -> set:
     return set(torch_partitioners.get_default_op_list().recomputable_ops)
+
+
+# ---- budget 0: step 3's bans without its cut; an inputs-only tie without a walk -------------
+
+def cuts_at(joint, budget: float, monkeypatch) -> tuple[list[str], list[tuple[str, bool]], int]:
+    """(saved names, (options, whether bans were lifted) of each cut made, ban-only calls) of a
+    partition at ``budget``."""
+    from aot_partition.budget import search as search_module
+
+    made: list[tuple[str, bool]] = []
+    solve = BudgetSearch.solve
+    bans = search_module.min_cut_bans
+    ban_calls = [0]
+
+    def recording(self, options, dont_ban=None):
+        made.append(("aggressive" if not options.ban_if_not_in_allowlist
+                     else "more" if not options.ban_if_used_far_apart else "optimal",
+                     bool(dont_ban)))
+        return solve(self, options, dont_ban)
+
+    def counting(*args, **kwargs):
+        ban_calls[0] += 1
+        return bans(*args, **kwargs)
+
+    monkeypatch.setattr(BudgetSearch, "solve", recording)
+    monkeypatch.setattr(search_module, "min_cut_bans", counting)
+    fw, _ = min_cut_rematerialization_partition(joint.fresh(), None,
+                                                num_fwd_outputs=joint.num_fwd_outputs,
+                                                config=PartitionConfig(memory_budget=budget))
+    output = next(iter(fw.graph.find_nodes(op="output")))
+    saved = sorted(str(v) for v in output.args[0][joint.num_fwd_outputs:])
+    monkeypatch.undo()
+    return saved, made, ban_calls[0]
+
+
+def test_budget_zero_makes_step_three_bans_without_its_cut(gpt_joint, monkeypatch):
+    saved, made, ban_calls = cuts_at(gpt_joint, 0.0, monkeypatch)
+    # the optimal cut, then the final one with every knapsack item released; step 3's own
+    # cut (nothing released) is not made, its bans are
+    assert made == [("optimal", False), ("aggressive", True)] and ban_calls == 1
+    assert saved == sorted(saved_at(gpt_joint, 0.0, eager=True, monkeypatch=monkeypatch)[0])
+    # where the knapsack decides, step 3's cut is made
+    _, made, _ = cuts_at(gpt_joint, 0.5, monkeypatch)
+    assert ("aggressive", False) in made
+
+
+class TwoConvs(torch.nn.Module):
+    """Activations far bigger than the weights: at budget 0 the final cut is inputs only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv2(torch.relu(self.conv1(x)))).sum()
+
+
+def walks_at_zero(joint, monkeypatch, shortcut: bool) -> tuple[list[str], int]:
+    """(saved names at budget 0, backward walks the search made); ``shortcut=False`` makes
+    the search compare by walking, as it did before the skip."""
+    from aot_partition.budget import search as search_module
+
+    walks = [0]
+    live = search_module.backward_live_nodes
+
+    def counting(*args, **kwargs):
+        walks[0] += 1
+        return live(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "backward_live_nodes", counting)
+    if not shortcut:  # no cut counts as inputs only: the byte comparison decides
+        monkeypatch.setattr(search_module, "saves_inputs_only", lambda cut, inputs: False)
+    saved, _ = saved_at(joint, 0.0, eager=False, monkeypatch=monkeypatch)
+    monkeypatch.undo()
+    return sorted(saved), walks[0]
+
+
+def test_inputs_only_tie_needs_no_walk(capture, monkeypatch):
+    joint = capture(TwoConvs(), torch.randn(2, 3, 16, 16))
+    saved, walks = walks_at_zero(joint, monkeypatch, shortcut=True)
+    compared, compare_walks = walks_at_zero(joint, monkeypatch, shortcut=False)
+    assert walks == 0 and compare_walks == 2
+    assert saved == compared and all(name.startswith("primals") for name in saved)
+    # a cut that saves an intermediate (the GPT's transposed weights) is still compared
+    case = make_case("gpt")
+    _, gpt_walks = walks_at_zero(capture(case.module, *case.inputs), monkeypatch, shortcut=True)
+    assert gpt_walks == 2
+
+
+# ---- extraction: a backward live set is found once ------------------------------------------
+
+def backward_walks_in_partition(joint, budget: float, monkeypatch, reuse: bool
+                                ) -> tuple[int, str, str]:
+    """(backward live-set walks of one partition, forward code, backward code); ``reuse=False``
+    turns both reuses off (every extraction walks, as before)."""
+    from aot_partition.fx import extract
+
+    walks = [0]
+    needed = extract._needed_nodes
+
+    def counting(graph, inputs, outputs, *, backward=False):
+        walks[0] += backward
+        return needed(graph, inputs, outputs, backward=backward)
+
+    monkeypatch.setattr(extract, "_needed_nodes", counting)
+    if not reuse:
+        monkeypatch.setattr(extract, "_same_live_set", lambda *args: False)
+        extract_graphs = extract.extract_forward_backward_graphs
+        monkeypatch.setattr(caps, "extract_forward_backward_graphs",
+                            lambda *a, known_live=None, **k: extract_graphs(*a, **k))
+    fw, bw = min_cut_rematerialization_partition(joint.fresh(), None,
+                                                 num_fwd_outputs=joint.num_fwd_outputs,
+                                                 config=PartitionConfig(memory_budget=budget))
+    monkeypatch.undo()
+    return walks[0], fw.code, bw.code
+
+
+def test_extraction_reuses_the_searchs_live_set(gpt_joint, monkeypatch):
+    # At 0 the search walks the backward of its final cut and of the inputs (2), and the
+    # extraction of the chosen one takes that walk's live set.
+    walks, fw, bw = backward_walks_in_partition(gpt_joint, 0.0, monkeypatch, reuse=True)
+    before, fw_before, bw_before = backward_walks_in_partition(gpt_joint, 0.0, monkeypatch,
+                                                               reuse=False)
+    assert (walks, before) == (2, 4) and (fw, bw) == (fw_before, bw_before)
+    # at 1.0 nobody walked before extraction: it walks once
+    assert backward_walks_in_partition(gpt_joint, 1.0, monkeypatch, reuse=True)[0] == 1
+
+
+def test_dropping_unread_inputs_keeps_the_live_set(capture, monkeypatch):
+    # y's gradient is ones: the backward of an inputs-only cut reads x, not y, so y is dropped
+    # from the saved values and the live set found with it is the backward's.
+    joint = capture(lambda x, y: (x.sin() * 2).sum() + y.sum(),
+                    torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True))
+    from aot_partition.fx import extract
+
+    module = joint.fresh()
+    placeholders = list(module.graph.find_nodes(op="placeholder"))
+    x, y = placeholders[:2]
+    tangents = placeholders[2:]
+    _, bw_outputs, _, _ = extract.forward_and_backward_outputs(module, joint.num_fwd_outputs)
+    live = extract._needed_nodes(module.graph, [x, y, *tangents], bw_outputs, backward=True)
+    assert x in live and y not in live
+    assert extract._same_live_set([x, y, *tangents], [x, *tangents], live)
+    assert live == extract._needed_nodes(module.graph, [x, *tangents], bw_outputs,
+                                         backward=True)
+    # must not fire: an input added, or a live input dropped
+    assert not extract._same_live_set([x, *tangents], [x, y, *tangents], live)
+    assert not extract._same_live_set([x, y, *tangents], [y, *tangents], live)
+    # and the partition at 0 walks the backward once for both
+    walks, fw, bw = backward_walks_in_partition(joint, 0.0, monkeypatch, reuse=True)
+    before, fw_before, bw_before = backward_walks_in_partition(joint, 0.0, monkeypatch,
+                                                               reuse=False)
+    assert walks < before and (fw, bw) == (fw_before, bw_before)
+
+
+@pytest.mark.parametrize("name", ["gpt", "convnet", "dropout", "views"])
+def test_impure_answer_per_op_is_torchs_per_node(name, capture):
+    from aot_partition.fx.extract import _is_impure
+
+    case = make_case(name)
+    graph = capture(case.module, *case.inputs).fresh().graph
+    for impure_random in (True, False):
+        by_op: dict = {}
+        for node in graph.nodes:
+            assert _is_impure(node, impure_random, by_op) == node.is_impure(impure_random), (
+                node.name)
+        assert by_op  # the aten calls were answered per op
+
+
+# ---- the report is built only for a reader --------------------------------------------------
+
+def test_report_built_only_when_read(gpt_joint, monkeypatch, caplog):
+    import aot_partition.partitioners as partitioners
+
+    built = [0]
+    build = partitioners.build_report
+
+    def counting(*args, **kwargs):
+        built[0] += 1
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(partitioners, "build_report", counting)
+    # torch's lazy trace handler stays until a first trace event finds TORCH_TRACE unset
+    monkeypatch.setattr(partitioners, "tracing", lambda: False)
+    kwargs = {"num_fwd_outputs": gpt_joint.num_fwd_outputs, "config": PartitionConfig()}
+    fw, bw = min_cut_rematerialization_partition(gpt_joint.fresh(), None, **kwargs)
+    assert built[0] == 0
+    monkeypatch.setattr(partitioners, "tracing", lambda: True)
+    monkeypatch.setattr(partitioners, "trace_partition", lambda name, report_fn: report_fn())
+    min_cut_rematerialization_partition(gpt_joint.fresh(), None, **kwargs)
+    assert built[0] == 1
+    monkeypatch.setattr(partitioners, "tracing", lambda: False)
+    with caplog.at_level("DEBUG", logger="aot_partition"):
+        fw_logged, bw_logged = min_cut_rematerialization_partition(gpt_joint.fresh(), None,
+                                                                   **kwargs)
+    assert built[0] == 2 and "saved " in caplog.text
+    fw_reported, bw_reported, report = partition_with_report(gpt_joint.fresh(), **kwargs)
+    assert built[0] == 3 and report.saved
+    assert fw.code == fw_logged.code == fw_reported.code
+    assert bw.code == bw_logged.code == bw_reported.code

@@ -67,7 +67,7 @@ from .report.report import (
     given_budget,
     log_report,
 )
-from .report.trace import trace_partition
+from .report.trace import trace_partition, tracing
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,9 @@ def default_partition(
     if has_recomputable_ops(joint_module.graph):
         cut = split_tagged_joint(joint_module, num_fwd_outputs)
         if cut is None:
-            fw_module, bw_module, _ = partition_with_report(
-                joint_module, num_fwd_outputs=num_fwd_outputs,
-                static_lifetime_input_indices=static_lifetime_input_indices, config=config)
+            fw_module, bw_module, _ = _partition(
+                joint_module, num_fwd_outputs, static_lifetime_input_indices, None, config,
+                want_report=False)
             return fw_module, bw_module
         offload_cut(joint_module.graph, cut.fw, cut.bw, cut.saved_values, num_fwd_outputs,
                     config)
@@ -141,9 +141,9 @@ def min_cut_rematerialization_partition(
     (default: the flags of ``aot_config.functorch``, read once now). ``compiler`` is accepted
     for torch compatibility; the inductor op lists are always used.
     """
-    fw_module, bw_module, _ = partition_with_report(
-        joint_module, num_fwd_outputs=num_fwd_outputs,
-        static_lifetime_input_indices=static_lifetime_input_indices, config=config)
+    fw_module, bw_module, _ = _partition(
+        joint_module, num_fwd_outputs, static_lifetime_input_indices, None,
+        call_config(config), want_report=False)
     return fw_module, bw_module
 
 
@@ -215,6 +215,9 @@ class _Choice:
     pareto_points: tuple[ParetoPoint, ...] = ()  # swept under the visualize flag
     pareto_png: str | None = None
     regions: list[RegionOutcome] = dataclasses.field(default_factory=list)  # region budgets
+    # Backward live sets the choice found (BudgetSearch.backward_live), for extraction.
+    backward_live: dict[frozenset[fx.Node], set[fx.Node]] = dataclasses.field(
+        default_factory=dict)
 
 
 def _labelled(search: BudgetSearch, saved: list[fx.Node], how: str) -> MinCutSolution | None:
@@ -342,7 +345,8 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     label = (f"whole-graph MILP, {how}"
              if chosen_by is None and frozenset(saved) != frozenset(node_info.inputs) else None)
     return _Choice(saved, chosen_by, _options_for(search, saved), reference_check=check,
-                   label=label, pareto_points=pareto_points, pareto_png=pareto_png)
+                   label=label, pareto_points=pareto_points, pareto_png=pareto_png,
+                   backward_live=search.backward_live)
 
 
 def partition_with_report(
@@ -362,10 +366,28 @@ def partition_with_report(
     override its fraction, its byte cap and its cap on the simulated peak.
     """
     config = call_config(config, memory_budget_bytes, peak_bytes)
+    fw_module, bw_module, report = _partition(joint_module, num_fwd_outputs,
+                                              static_lifetime_input_indices, memory_budget,
+                                              config, want_report=True)
+    assert report is not None
+    return fw_module, bw_module, report
+
+
+def _partition(joint_module: fx.GraphModule, num_fwd_outputs: int,
+               static_lifetime_input_indices: Sequence[int] | None,
+               memory_budget: float | None, config: PartitionConfig, *, want_report: bool
+               ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport | None]:
+    """The min-cut partition; its report only when ``want_report``, tracing or debug logging
+    asks for it (building it reads every saved and recomputed node: 2-6 ms on a
+    1,000-node joint, which a compile that discards it should not pay)."""
     with _gc_paused(), prepared_joint(joint_module, num_fwd_outputs, config=config):
-        fw_module, bw_module, report = _partition_prepared(
+        fw_module, bw_module, make_report = _partition_prepared(
             joint_module, num_fwd_outputs, static_lifetime_input_indices, memory_budget, config)
-    trace_partition("min_cut_rematerialization_partition", lambda: report)
+        report = (make_report() if want_report or tracing() or log.isEnabledFor(logging.DEBUG)
+                  else None)
+    if report is not None:
+        log_report(report)
+        trace_partition("min_cut_rematerialization_partition", lambda: report)
     return fw_module, bw_module, report
 
 
@@ -390,7 +412,9 @@ def _gc_paused() -> Iterator[None]:
 def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
                         static_lifetime_input_indices: Sequence[int] | None,
                         memory_budget: float | None, config: PartitionConfig
-                        ) -> tuple[fx.GraphModule, fx.GraphModule, PartitionReport]:
+                        ) -> tuple[fx.GraphModule, fx.GraphModule,
+                                   Callable[[], PartitionReport]]:
+    """(forward, backward, a function building the partition's report)."""
     joint_graph = joint_module.graph
     node_info = classify(joint_module, num_fwd_outputs, static_lifetime_input_indices)
     regions = find_regions(joint_graph, node_info)
@@ -406,7 +430,7 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         fw_module, bw_module, _, _ = extract_forward_backward(
             joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
             lazy_modules=config.lazy_modules)
-        return fw_module, bw_module, PartitionReport(
+        return fw_module, bw_module, lambda: PartitionReport(
             [], [], {}, budget, saved_activation_bytes(fw_module, num_fwd_outputs), "none",
             config=config, memory_budget_bytes=config.memory_budget_bytes,
             peak_bytes=config.peak_bytes, budget=given)
@@ -442,31 +466,37 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     cut = next((graphs for measured in simulators.values()
                 if (graphs := measured.take_graphs(choice.saved)) is not None), None)
     if cut is None:
-        cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs))
+        cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs,
+                                     known_live=choice.backward_live))
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
     spmd.check_saved_agreement([*saved_values, *saved_sym_nodes], config)
     offloaded, offload_notes = offload_cut(joint_graph, cut.fw, cut.bw, saved_values,
                                            num_fwd_outputs, config, planned=planned_offloads)
     fw_module = make_graph_module(joint_module, cut.fw, code_on_first_use=config.lazy_modules)
     bw_module = make_graph_module(joint_module, cut.bw, code_on_first_use=config.lazy_modules)
-    report = build_report(saved_values, saved_sym_nodes, fw_module, bw_module, num_fwd_outputs,
-                          node_info, choice.solution, budget, cut.replayed, solver=choice.label)
-    report = dataclasses.replace(
-        report, active_rules=active_rule_names(choice.options), config=config,
-        memory_budget_bytes=config.memory_budget_bytes, activation_bytes=choice.activation_bytes,
-        peak_bytes=config.peak_bytes, simulated_peak_bytes=choice.simulated_peak,
-        reference_check=choice.reference_check, pareto_points=choice.pareto_points,
-        pareto_png=choice.pareto_png, regions=choice.regions, budget=given,
-        offloaded=[NodeDecision(v.name, "aot_partition.offload_to_host", v.nbytes, "offloaded",
-                                v.describe()) for v in offloaded])
-    report.notes.extend(offload_notes)
-    if regions.whole_forward_fraction() is not None and memory_budget is None:
-        report.notes.append(f"memory budget {budget:g} from a region annotation over the whole "
-                            "forward (region_activation_memory_budget)")
-    log_report(report)
     if config.debug:
         _print_debug_summary(saved_values, fw_module, bw_module)
-    return fw_module, bw_module, report
+
+    def make_report() -> PartitionReport:
+        report = build_report(saved_values, saved_sym_nodes, fw_module, bw_module,
+                              num_fwd_outputs, node_info, choice.solution, budget, cut.replayed,
+                              solver=choice.label)
+        report = dataclasses.replace(
+            report, active_rules=active_rule_names(choice.options), config=config,
+            memory_budget_bytes=config.memory_budget_bytes,
+            activation_bytes=choice.activation_bytes, peak_bytes=config.peak_bytes,
+            simulated_peak_bytes=choice.simulated_peak, reference_check=choice.reference_check,
+            pareto_points=choice.pareto_points, pareto_png=choice.pareto_png,
+            regions=choice.regions, budget=given,
+            offloaded=[NodeDecision(v.name, "aot_partition.offload_to_host", v.nbytes,
+                                    "offloaded", v.describe()) for v in offloaded])
+        report.notes.extend(offload_notes)
+        if regions.whole_forward_fraction() is not None and memory_budget is None:
+            report.notes.append(f"memory budget {budget:g} from a region annotation over the "
+                                "whole forward (region_activation_memory_budget)")
+        return report
+
+    return fw_module, bw_module, make_report
 
 
 OFFLOAD_PLANNER_MODULE = "aot_partition.budget.offload_plan"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -290,12 +290,16 @@ class CutGraphs:
 
 
 def extract_cut(joint_module: fx.GraphModule, chosen: Sequence[fx.Node], *,
-                num_fwd_outputs: int) -> CutGraphs:
-    """Cut the joint at ``chosen`` (tensors and symbolic scalars): bare graphs, no passes."""
+                num_fwd_outputs: int,
+                known_live: Mapping[frozenset[fx.Node], set[fx.Node]] | None = None
+                ) -> CutGraphs:
+    """Cut the joint at ``chosen`` (tensors and symbolic scalars): bare graphs, no passes.
+    ``known_live``: see ``extract_forward_backward_graphs``."""
     saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not is_assert_only_symbool(n)]
     saved_values = [n for n in chosen if not is_sym_node(n)]
     fw, bw, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
-        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs)
+        joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
+        known_live=known_live)
     return CutGraphs(fw, bw, saved_values, saved_sym_nodes)
 
 

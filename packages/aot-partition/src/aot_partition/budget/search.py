@@ -43,13 +43,13 @@ from ..core.knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_k
 from ..fx import spmd
 from ..fx.classify import FAR_FROM_BACKWARD, NodeInfo
 from ..fx.estimators import check_estimator, estimate_runtime
-from ..fx.extract import used_backward_inputs
+from ..fx.extract import backward_live_nodes
 from ..fx.joint import is_bwd_seed_offset, is_random, is_tangent
 from ..fx.network import NetworkMemo
 from ..fx.passes.rng import device_of, rng_state_nbytes
 from ..fx.policy import MinCutOptions, never_released
 from ..fx.sizes import is_opaque, node_nbytes
-from ..fx.solve import MinCutSolution, solve_min_cut_detailed
+from ..fx.solve import MinCutSolution, min_cut_bans, solve_min_cut_detailed
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,13 @@ def recompute_candidates(node_info: NodeInfo, banned: Sequence[fx.Node],
     return must_save, items
 
 
+def saves_inputs_only(cut: Sequence[fx.Node], inputs: Sequence[fx.Node]) -> bool:
+    """Whether ``cut`` saves graph inputs only. Then the backward reads the same inputs
+    from it as from all of ``inputs``: inputs have nothing to recompute them from, so a live
+    node's inputs are live either way (no walk needed to see the tie)."""
+    return set(cut).issubset(inputs)
+
+
 def needed_by_backward(search: BudgetSearch, saved: Sequence[fx.Node]) -> list[fx.Node]:
     """The saved values the backward really reads: what extraction keeps of ``saved``.
 
@@ -136,9 +143,10 @@ def needed_by_backward(search: BudgetSearch, saved: Sequence[fx.Node]) -> list[f
     """
     backward_inputs = [n for n in search.joint_graph.find_nodes(op="placeholder")
                        if is_tangent(n) or is_bwd_seed_offset(n)]
-    used = used_backward_inputs(search.joint_graph, [*saved, *backward_inputs],
-                                search.node_info.bw_outputs)
-    return [n for n in saved if n in used]
+    inputs = [*saved, *backward_inputs]
+    live = backward_live_nodes(search.joint_graph, inputs, search.node_info.bw_outputs)
+    search.backward_live[frozenset(inputs)] = live  # extraction of the chosen set reuses it
+    return [n for n in saved if n in live]
 
 
 @dataclass
@@ -174,6 +182,10 @@ class BudgetSearch:
     solutions: dict[frozenset[fx.Node], MinCutSolution] = field(default_factory=dict)
     # The options each of those cuts was made under (the report names their active rules).
     options_of: dict[frozenset[fx.Node], MinCutOptions] = field(default_factory=dict)
+    # The backward live sets ``needed_by_backward`` found, by the backward's input set
+    # (``extract.backward_live_nodes``): extracting the chosen cut does not walk again.
+    backward_live: dict[frozenset[fx.Node], set[fx.Node]] = field(default_factory=dict,
+                                                                 repr=False)
     # The byte budget's candidate cuts (``caps.cut_candidates``: ``caps.CutCandidate``s),
     # built on first use.
     cut_candidates_cache: list[Any] | None = field(default=None, repr=False)
@@ -186,6 +198,8 @@ class BudgetSearch:
     inputs_alive: bool = False
     # Step 2's cut was made (``more_aggressive`` is filled only then; it may be empty).
     _more_made: bool = field(default=False, repr=False)
+    # Step 3's cut was made (``aggressive``); budget 0 needs only its bans.
+    _aggressive_made: bool = field(default=False, repr=False)
 
     def solve(self, options: MinCutOptions, dont_ban: set[fx.Node] | None = None
               ) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -261,11 +275,23 @@ class BudgetSearch:
         self._more_made = True
 
     def _escalate_aggressive(self) -> None:
-        """Step 3's cut and the knapsack items (all that budget 0 needs)."""
+        """Step 3's cut and the knapsack items (each made once)."""
+        self._aggressive_items()
+        if self._aggressive_made:
+            return
+        assert self.aggressive_options is not None
+        self.aggressive, _ = self.solve(self.aggressive_options)
+        self._aggressive_made = True
+
+    def _aggressive_items(self) -> None:
+        """Step 3's bans and the knapsack items they give, without step 3's cut: all that
+        budget 0 needs, since it recomputes every item."""
         if self.aggressive_options is not None:
             return
         aggressive_options = replace(self._more_options(), ban_if_not_in_allowlist=False)
-        self.aggressive, self.aggressive_banned = self.solve(aggressive_options)
+        self.aggressive_banned = list(min_cut_bans(self.joint_graph, self.node_info,
+                                                   aggressive_options, memo=self.memo,
+                                                   config=self.config))
         self.aggressive_options = aggressive_options
         self._collect_candidates(self.aggressive_banned)
 
@@ -301,7 +327,7 @@ class BudgetSearch:
 
     def item_runtimes(self) -> list[float]:
         """The knapsack items' (``candidates``) runtime estimates, estimated once."""
-        self._escalate_aggressive()
+        self._aggressive_items()
         if self.runtimes is None:
             self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
         return self.runtimes
@@ -309,7 +335,7 @@ class BudgetSearch:
     def least_memory_values(self) -> list[fx.Node]:
         """``saved_values(0)``'s saved set without its runtime (no estimate is made)."""
         if self.inputs_alive or self.has_range:
-            self._escalate_aggressive()  # the options and the candidates it releases
+            self._aggressive_items()  # the options and the candidates it releases
             return self._recompute_everything()
         return list(self.runtime_optimal)  # the optimal cut is no bigger than the inputs
 
@@ -360,6 +386,8 @@ class BudgetSearch:
         inputs = list(self.node_info.inputs)
         if self.inputs_alive:  # new memory first: an intermediate saved costs, an input not
             return min(cut, inputs, key=self._new_then_all_bytes)
+        if saves_inputs_only(cut, inputs):
+            return inputs  # a tie, which the inputs win
         cut_bytes = _activation_bytes(needed_by_backward(self, cut))
         return cut if cut_bytes < _activation_bytes(needed_by_backward(self, inputs)) else inputs
 

@@ -67,6 +67,7 @@ __all__ = [
     "CoreGraphError",
     "CoreNode",
     "CorePartition",
+    "ban_reasons",
     "partition",
 ]
 
@@ -724,6 +725,22 @@ class CorePartition:
         return CoreDecision(node.id, FORWARD, "forward only: not needed by backward", ban)
 
 
+def ban_reasons(graph: CoreGraph, *, bans: Mapping[str, str] | None = None,
+                release: Collection[str] = (), rules: Collection[str] = (),
+                max_dist_from_bw: int = MAX_DIST_FROM_BW) -> dict[int, str]:
+    """What ``partition`` bans under these options (position -> reason, in its order),
+    without building the network or cutting: a budget search that recomputes every
+    candidate needs only the bans. The options mean what they mean for ``partition``."""
+    check_release(graph, release)
+    try:
+        names = rule_names(rules)
+    except RuleError as exc:
+        raise CoreGraphError(str(exc)) from None
+    if not _is_int(max_dist_from_bw) or max_dist_from_bw < 0:
+        raise CoreGraphError(f"max_dist_from_bw must be an int >= 0, got {max_dist_from_bw!r}")
+    return _ban_reasons(graph, bans, release, names, int(max_dist_from_bw))
+
+
 def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEFAULT,
               bans: Mapping[str, str] | None = None, release: Collection[str] = (),
               recompute_views: bool = False, parameters_are_free: bool = True,
@@ -747,14 +764,8 @@ def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEF
             raise CoreGraphError(f"{name} must be True or False, got {value!r}")
     if not isinstance(solver, str):
         raise CoreGraphError(f"solver must be a solver name (a string), got {solver!r}")
-    check_release(graph, release)
-    try:
-        names = rule_names(rules)
-    except RuleError as exc:
-        raise CoreGraphError(str(exc)) from None
-    if not _is_int(max_dist_from_bw) or max_dist_from_bw < 0:
-        raise CoreGraphError(f"max_dist_from_bw must be an int >= 0, got {max_dist_from_bw!r}")
-    banned = _ban_reasons(graph, bans, release, names, int(max_dist_from_bw))
+    banned = ban_reasons(graph, bans=bans, release=release, rules=rules,
+                         max_dist_from_bw=max_dist_from_bw)
     network = build_network(graph, banned, recompute_views=recompute_views,
                             parameters_are_free=parameters_are_free)
     cut = get_solver(solver)(network)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -138,14 +138,28 @@ def _live_nodes(computable: set[fx.Node], inputs: Iterable[fx.Node],
                 continue
             live.add(node)
             if node not in input_set:  # what an input was computed from is not needed
-                stack.extend(a for a in node._input_nodes if a not in live)
+                stack.extend(node._input_nodes)
 
     mark(o for o in outputs if isinstance(o, fx.Node))
     impure_random = treats_random_as_impure()
+    by_op: dict[Any, bool] = {}
     mark(n for n in computable - live
-         if n not in input_set and n.is_impure(impure_random) and not is_merged_duplicate(n)
-         and (impure_allowed is None or n in impure_allowed))
+         if n not in input_set and (impure_allowed is None or n in impure_allowed)
+         and _is_impure(n, impure_random, by_op) and not is_merged_duplicate(n))
     return live
+
+
+def _is_impure(node: fx.Node, impure_random: bool, by_op: dict[Any, bool]) -> bool:
+    """``node.is_impure(impure_random)``, asked once per op of an ``OpOverload`` call: its
+    answer depends on the op alone (its schema, the effect and side-effect registries; torch
+    2.11 to 2.15), not on the call's arguments."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return node.is_impure(impure_random)
+    known = by_op.get(target)
+    if known is None:
+        known = by_op[target] = node.is_impure(impure_random)
+    return known
 
 
 def _computable_downstream_of_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node]
@@ -153,14 +167,14 @@ def _computable_downstream_of_backward_inputs(joint_graph: fx.Graph, inputs: Seq
     """(``computable_from(joint_graph, inputs)``, the nodes of it that read a tangent or a
     backward seed, directly or not), in one walk of the graph."""
     computable = set(inputs)
-    region: set[fx.Node] = set()
+    region = {n for n in computable if is_tangent(n) or is_bwd_seed_offset(n)}
     for node in joint_graph.nodes:
         read = node._input_nodes
         if node not in computable:
-            if node.op in ("placeholder", "output") or not all(a in computable for a in read):
+            if node.op in ("placeholder", "output") or not computable.issuperset(read):
                 continue
             computable.add(node)
-        if (any(a in region for a in read) or is_tangent(node) or is_bwd_seed_offset(node)):
+        if not region.isdisjoint(read):
             region.add(node)
     return computable, region
 
@@ -185,13 +199,6 @@ def backward_live_nodes(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
     """The nodes a backward with ``inputs`` (saved values, tangents, seeds) computing
     ``outputs`` would hold: the inputs it reads and everything it computes, as extracted."""
     return _needed_nodes(joint_graph, inputs, outputs, backward=True)
-
-
-def used_backward_inputs(joint_graph: fx.Graph, inputs: Sequence[fx.Node],
-                         outputs: Iterable[Any]) -> set[fx.Node]:
-    """Which of ``inputs`` the backward really reads (what dead-code elimination would keep)."""
-    live = backward_live_nodes(joint_graph, inputs, outputs)
-    return {n for n in inputs if n in live}
 
 
 def _bind_symbols(joint_graph: fx.Graph, saved_sym_nodes: list[fx.Node],
@@ -257,9 +264,12 @@ def extract_forward_backward_graphs(
     saved_sym_nodes: list[fx.Node],
     *,
     num_fwd_outputs: int,
+    known_live: Mapping[frozenset[fx.Node], set[fx.Node]] | None = None,
 ) -> tuple[fx.Graph, fx.Graph, list[fx.Node], list[fx.Node]]:
     """Like extract_forward_backward, with bare graphs: passes can still edit them before
-    they are wrapped (building a GraphModule generates and compiles code, so do it once)."""
+    they are wrapped (building a GraphModule generates and compiles code, so do it once).
+    ``known_live``: backward live sets (``backward_live_nodes``) already found for this
+    joint, by input set; the one of this cut's backward inputs is not found again."""
     graph = joint_module.graph
     fw_outputs, bw_outputs, fw_descs, bw_descs = forward_and_backward_outputs(
         joint_module, num_fwd_outputs)
@@ -275,7 +285,9 @@ def extract_forward_backward_graphs(
     chosen = set(saved_values)
     saved_values = saved_values + [n for n in primals if n not in chosen and is_opaque(n)]
     candidate_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds
-    candidate_live = _needed_nodes(graph, candidate_inputs, bw_outputs, backward=True)
+    candidate_live = (known_live or {}).get(frozenset(candidate_inputs))
+    if candidate_live is None:
+        candidate_live = _needed_nodes(graph, candidate_inputs, bw_outputs, backward=True)
     used = {n for n in candidate_inputs if n in candidate_live}
     saved_values = [n for n in saved_values if n in used and not is_backward_state(n)]
     saved_sym_nodes = [n for n in saved_sym_nodes if n in used]
@@ -288,15 +300,24 @@ def extract_forward_backward_graphs(
         graph, primals + fwd_seeds, fw_outputs + saved_values + saved_sym_nodes,
         None if saved_descs is None else fw_descs + saved_descs)
     bw_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds + backward_state
-    # Usually nothing was dropped or bound: the live set found above is the backward's.
-    same_inputs = set(bw_inputs) == set(candidate_inputs)
-    bw_live = (candidate_live if same_inputs
+    bw_live = (candidate_live if _same_live_set(candidate_inputs, bw_inputs, candidate_live)
                else _needed_nodes(graph, bw_inputs, bw_outputs, backward=True))
     bw_graph = extract_subgraph(graph, bw_inputs, bw_outputs, bw_descs, needed=bw_live)
     for node in bw_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
     return fw_graph, bw_graph, saved_values, saved_sym_nodes
+
+
+def _same_live_set(inputs: Sequence[fx.Node], kept: Sequence[fx.Node],
+                   live: set[fx.Node]) -> bool:
+    """Whether ``live``, the backward live set from ``inputs``, is also the one from ``kept``:
+    when ``kept`` adds no input and drops only inputs ``live`` does not hold. Every ancestor of
+    a live node, up to the inputs, is live, so a dead input feeds nothing live and dropping it
+    changes nothing (budget 0 lists every input; the backward reads a few)."""
+    kept_set = set(kept)
+    return kept_set.issubset(inputs) and not any(
+        n in live for n in inputs if n not in kept_set)
 
 
 def saved_in_runtime_order(saved_values: list[fx.Node]) -> list[fx.Node]:

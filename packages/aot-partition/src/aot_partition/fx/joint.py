@@ -183,7 +183,7 @@ def computable_from(graph: fx.Graph, inputs: Iterable[fx.Node]) -> set[fx.Node]:
     for node in graph.nodes:
         if node in computable or node.op in ("placeholder", "output"):
             continue
-        if all(arg in computable for arg in node._input_nodes):
+        if computable.issuperset(node._input_nodes):
             computable.add(node)
     return computable
 

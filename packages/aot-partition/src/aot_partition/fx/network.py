@@ -28,7 +28,7 @@ from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
 
 from ..config import MinCutOptions, PartitionConfig
-from ..core.graph import CoreGraph, CoreNode, CorePartition, partition
+from ..core.graph import CoreGraph, CoreNode, CorePartition, ban_reasons, partition
 from ..core.rules import use_distances
 from ..errors import PartitionError
 from .classify import classify, default_op_types
@@ -69,7 +69,14 @@ class _OpFacts:
     op: str
 
 
+# A placeholder's or get_attr's facts: its target is a name, no op (every placeholder has
+# its own, so the memo would miss on each).
+_NOT_A_CALL = _OpFacts("other", False, False, "")
+
+
 def _op_facts(node: fx.Node, ctx: PolicyContext, memo: dict[Any, _OpFacts]) -> _OpFacts:
+    if node.op != "call_function":
+        return _NOT_A_CALL
     try:
         return memo[node.target]
     except KeyError:
@@ -104,11 +111,13 @@ def _op_category(node: fx.Node, ctx: PolicyContext, packet: Any) -> str:
     return "pointwise" if op_types.is_fusible(node) else "other"
 
 
+_SAVEABLE_TYPES = (torch.Tensor, BackwardState, *py_sym_types)
+
+
 def _saveable(val: Any) -> bool:
     """A tensor, a symbolic scalar, an opaque object or backward state (both priced 0); not
     None nor a tuple of outputs."""
-    return (isinstance(val, (torch.Tensor, BackwardState, *py_sym_types))
-            or is_opaque_value(val))
+    return isinstance(val, _SAVEABLE_TYPES) or is_opaque_value(val)
 
 
 def _category(node: fx.Node, ctx: PolicyContext, facts: _OpFacts) -> str:
@@ -264,6 +273,18 @@ def cut_fx_graph(joint_graph: fx.Graph, ctx: PolicyContext, dont_ban: set[fx.Nod
             log.debug("banned from recomputation: %s (%s)", node.name, reason)
     saved = [nodes[i] for i in result.saved_indices.tolist()]
     return saved, banned, result
+
+
+def fx_graph_bans(joint_graph: fx.Graph, ctx: PolicyContext, dont_ban: set[fx.Node] | None,
+                  memo: NetworkMemo | None) -> dict[fx.Node, str]:
+    """The bans ``cut_fx_graph`` makes under the same arguments (node -> reason, in its
+    order), without the cut."""
+    memo = memo if memo is not None else NetworkMemo()
+    desc = memo.description(joint_graph, ctx)
+    options = core_options(desc, ctx, dont_ban or ())
+    found = ban_reasons(desc.graph, release=options["release"], rules=options["rules"],
+                        max_dist_from_bw=options["max_dist_from_bw"])
+    return {desc.nodes[i]: why for i, why in found.items()}
 
 
 @dataclass(frozen=True)

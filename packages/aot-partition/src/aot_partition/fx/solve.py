@@ -15,7 +15,7 @@ from ..config import PartitionConfig
 from ..core.graph import CorePartition
 from ..core.mincut import MinCut, MinCutSolver, get_solver
 from .classify import NodeInfo, OpTypes, default_op_types
-from .network import NetworkMemo, cut_fx_graph
+from .network import NetworkMemo, cut_fx_graph, fx_graph_bans
 from .policy import MinCutOptions, PolicyContext
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,16 @@ def solve_min_cut_detailed(
         log.debug("min-cut (%s) value %s saves %s", solver_name, result.cost,
                   [n.name for n in saved_values])
     return MinCutSolution(saved_values, banned, result, result.cut, solver_name)
+
+
+def min_cut_bans(joint_graph: fx.Graph, node_info: NodeInfo, min_cut_options: MinCutOptions,
+                 dont_ban: set[fx.Node] | None = None, memo: NetworkMemo | None = None, *,
+                 config: PartitionConfig | None = None) -> dict[fx.Node, str]:
+    """The bans (node -> reason) ``solve_min_cut_detailed`` cuts under with the same
+    arguments, without the cut."""
+    config = config if config is not None else PartitionConfig.from_flags()
+    ctx = PolicyContext.create(default_op_types(), node_info, min_cut_options, config)
+    return fx_graph_bans(joint_graph, ctx, dont_ban, memo)
 
 
 def print_banned_ops(joint_graph: fx.Graph, op_types: OpTypes) -> None:

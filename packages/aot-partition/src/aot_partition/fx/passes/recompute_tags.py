@@ -158,8 +158,10 @@ def save_readers_of_mutated_inputs(graph: fx.Graph) -> bool:
     if not after_forward and not in_graph:  # the usual case: no reader to look at
         return False
     changed = False
-    for node in graph.nodes:
-        if node.op != "call_function" or node.target is torch.ops.aten.copy_.default:
+    readers = {user for value in (*after_forward, *in_graph) for user in value.users}
+    for node in graph.nodes:  # in graph order: the warnings come in a stable order
+        if (node not in readers or node.op != "call_function"
+                or node.target is torch.ops.aten.copy_.default):
             continue
         inputs = node.all_input_nodes
         hazard = any(a in after_forward for a in inputs) or any(
