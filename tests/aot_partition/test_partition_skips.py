@@ -14,7 +14,9 @@ saved set is the one the work would have given.
   the final cut saves inputs only (a tie);
 - extraction reuses a backward live set found for the same inputs, or for more inputs that
   the backward does not read;
-- ``min_cut_rematerialization_partition`` builds no report nobody reads.
+- ``min_cut_rematerialization_partition`` builds no report nobody reads;
+- a process imports scipy's graph code only for a network that needs it (the Python flow
+  takes block-sized networks until then).
 """
 
 from __future__ import annotations
@@ -210,6 +212,7 @@ def test_small_networks_take_the_python_flow_with_scipys_cut(monkeypatch):
                 for _ in range(150)]
     small = [mincut_scipy.scipy_min_cut(net) for net in networks]
     monkeypatch.setattr(mincut_scipy, "SMALL_NETWORK_MAX_EDGES", -1)
+    monkeypatch.setattr(mincut_scipy, "COLD_NETWORK_MAX_EDGES", -1)  # scipy even if unloaded
     calls = [0]
     monkeypatch.setattr(mincut_scipy, "sink_side_small",
                         lambda *a: calls.__setitem__(0, calls[0] + 1))
@@ -232,6 +235,7 @@ def test_small_path_fires_under_the_threshold(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(mincut_scipy, "sink_side_small", counting)
+    monkeypatch.setattr(mincut_scipy, "COLD_NETWORK_MAX_EDGES", -1)  # scipy even if unloaded
     mincut_scipy.scipy_min_cut(random_network(np.random.default_rng(1), 10, 20))
     assert calls[0] == 1
     big = random_network(np.random.default_rng(2), 200,
@@ -497,3 +501,73 @@ def test_report_built_only_when_read(gpt_joint, monkeypatch, caplog):
     assert built[0] == 3 and report.saved
     assert fw.code == fw_logged.code == fw_reported.code
     assert bw.code == bw_logged.code == bw_reported.code
+
+
+# ---- scipy imported only when a network needs it ----------------------------------------------
+
+def test_cold_process_cuts_block_sized_graphs_without_scipy():
+    # A fresh process partitions a 352-node joint (680 flow edges): the Python flow, no scipy
+    # import (0.2-0.3 s); the saved values are those of scipy's flow.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, copy\n"
+        "from zoo import make_case\n"
+        "from functorch.compile import aot_module\n"
+        "from torch._functorch.partitioners import default_partition\n"
+        "import aot_partition\n"
+        "from aot_partition.core import mincut_scipy\n"
+        "case = make_case('gpt'); found = {}\n"
+        "def record(joint, inputs, **kw):\n"
+        "    found['joint'] = (copy.deepcopy(joint), inputs, kw)\n"
+        "    return default_partition(joint, inputs, **kw)\n"
+        "aot_module(case.module, fw_compiler=lambda g, i: g, bw_compiler=lambda g, i: g,\n"
+        "           partition_fn=record)(*case.inputs)\n"
+        "joint, inputs, kw = found['joint']\n"
+        "def saved():\n"
+        "    fw, _ = aot_partition.min_cut_rematerialization_partition(\n"
+        "        copy.deepcopy(joint), inputs, **kw)\n"
+        "    out = next(iter(fw.graph.find_nodes(op='output'))).args[0]\n"
+        "    return [str(v) for v in out[kw['num_fwd_outputs']:]]\n"
+        "python_flow = saved()\n"
+        "assert 'scipy.sparse.csgraph' not in sys.modules, 'scipy imported'\n"
+        "mincut_scipy.COLD_NETWORK_MAX_EDGES = 0\n"
+        "assert saved() == python_flow\n"
+        "assert 'scipy.sparse.csgraph' in sys.modules\n"
+        "print('ok', len(python_flow))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ,
+                                            "PYTHONPATH": __import__("os").pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("ok ")
+
+
+def test_cold_flow_stops_when_scipy_is_loaded_or_its_budget_spent(monkeypatch):
+    import sys
+
+    net = random_network(np.random.default_rng(3), 300, 700)
+    calls = [0]
+    real = mincut_scipy.sink_side_small
+
+    def counting(*args):
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(mincut_scipy, "sink_side_small", counting)
+    import scipy.sparse.csgraph  # noqa: F401  (loaded: scipy's flow is the cheaper one)
+
+    assert "scipy.sparse.csgraph" in sys.modules
+    by_scipy = mincut_scipy.scipy_min_cut(net)
+    assert calls[0] == 0
+    monkeypatch.delitem(sys.modules, "scipy.sparse.csgraph")  # as in a process without it
+    cold = mincut_scipy.scipy_min_cut(net)
+    assert calls[0] == 1 and cold.value == by_scipy.value
+    assert np.array_equal(cold.source_side, by_scipy.source_side)
+    monkeypatch.setattr(mincut_scipy, "_cold_flow_s", mincut_scipy.COLD_FLOW_BUDGET_S)
+    mincut_scipy.scipy_min_cut(net)  # the budget is spent: scipy from now on
+    big = random_network(np.random.default_rng(4), 600, mincut_scipy.COLD_NETWORK_MAX_EDGES + 1)
+    monkeypatch.setattr(mincut_scipy, "_cold_flow_s", 0.0)
+    mincut_scipy.scipy_min_cut(big)  # over the cold size: scipy
+    assert calls[0] == 1

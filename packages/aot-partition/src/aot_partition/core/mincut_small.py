@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-__all__ = ["SMALL_NETWORK_MAX_EDGES", "sink_side_small"]
+__all__ = ["SMALL_NETWORK_MAX_EDGES", "reachable_small", "sink_side_small"]
 
 # Networks with at most this many distinct edges take the plain-Python path.
 SMALL_NETWORK_MAX_EDGES = 256
@@ -62,3 +62,21 @@ def sink_side_small(num_nodes: int, source: int, sink: int,
                 reaches[other] = True
                 queue.append(other)
     return reaches
+
+
+def reachable_small(num_nodes: int, tails: np.ndarray, heads: np.ndarray,
+                    start: int) -> np.ndarray:
+    """The nodes reachable from ``start`` over the edges ``tails[i] -> heads[i]`` (bool
+    [num_nodes])."""
+    following: list[list[int]] = [[] for _ in range(num_nodes)]
+    for tail, head in zip(tails.tolist(), heads.tolist()):
+        following[tail].append(head)
+    seen = np.zeros(num_nodes, dtype=bool)
+    seen[start] = True
+    queue = deque([start])
+    while queue:
+        for other in following[queue.popleft()]:
+            if not seen[other]:
+                seen[other] = True
+                queue.append(other)
+    return seen
