@@ -556,6 +556,7 @@ def test_cold_flow_stops_when_scipy_is_loaded_or_its_budget_spent(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(mincut_scipy, "sink_side_small", counting)
+    monkeypatch.setattr(mincut_scipy, "_cold_flow_s", 0.0)  # as in a fresh process
     import scipy.sparse.csgraph  # noqa: F401  (loaded: scipy's flow is the cheaper one)
 
     assert "scipy.sparse.csgraph" in sys.modules

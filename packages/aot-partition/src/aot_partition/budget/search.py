@@ -35,7 +35,6 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import PartitionConfig
 from ..core.ilp_graph import SaveOrRecompute, evaluate, solve_save_or_recompute
@@ -88,7 +87,9 @@ def _storage_key(node: fx.Node) -> object:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor) or not torch._C._has_storage(val):
         return None
-    return StorageWeakRef(val.untyped_storage())
+    # The storage's address: unique while the graph's values hold their storages (a
+    # StorageWeakRef per node cost more than the rest of recompute_candidates).
+    return int(val.untyped_storage()._cdata)
 
 
 def _activation_bytes(nodes: list[fx.Node]) -> int:
