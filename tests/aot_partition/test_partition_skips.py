@@ -42,6 +42,21 @@ from torch._functorch import partitioners as torch_partitioners
 from zoo import make_case
 
 
+def count_calls(monkeypatch, owner, name: str, *also) -> list[int]:
+    """Wrap ``owner.<name>`` (and the same name on each of ``also``) in a counter of its
+    calls; returns the counter (one-element list)."""
+    calls = [0]
+    real = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    for target in (owner, *also):
+        monkeypatch.setattr(target, name, counting)
+    return calls
+
+
 @pytest.fixture(scope="module")
 def gpt_joint(capture):
     # Step 2's cut sits at memory ratio 0.76 of it, step 3's at 0.58.
@@ -122,17 +137,9 @@ def test_budget_zero_estimates_no_runtime(gpt_joint, monkeypatch, caplog):
 # ---- the simulated graphs are the partition's ------------------------------------------------
 
 def count_extractions(monkeypatch) -> list[int]:
-    calls = [0]
-    extract = caps.extract_cut
-
-    def counting(*args, **kwargs):
-        calls[0] += 1
-        return extract(*args, **kwargs)
-
-    monkeypatch.setattr(caps, "extract_cut", counting)
     import aot_partition.partitioners as partitioners
-    monkeypatch.setattr(partitioners, "extract_cut", counting)
-    return calls
+
+    return count_calls(monkeypatch, caps, "extract_cut", partitioners)
 
 
 def partition(joint, budget: float):
@@ -227,14 +234,7 @@ def test_small_networks_take_the_python_flow_with_scipys_cut(monkeypatch):
 
 
 def test_small_path_fires_under_the_threshold(monkeypatch):
-    calls = [0]
-    real = mincut_scipy.sink_side_small
-
-    def counting(*args):
-        calls[0] += 1
-        return real(*args)
-
-    monkeypatch.setattr(mincut_scipy, "sink_side_small", counting)
+    calls = count_calls(monkeypatch, mincut_scipy, "sink_side_small")
     monkeypatch.setattr(mincut_scipy, "COLD_NETWORK_MAX_EDGES", -1)  # scipy even if unloaded
     mincut_scipy.scipy_min_cut(random_network(np.random.default_rng(1), 10, 20))
     assert calls[0] == 1
@@ -311,8 +311,6 @@ def cuts_at(joint, budget: float, monkeypatch) -> tuple[list[str], list[tuple[st
 
     made: list[tuple[str, bool]] = []
     solve = BudgetSearch.solve
-    bans = search_module.min_cut_bans
-    ban_calls = [0]
 
     def recording(self, options, dont_ban=None):
         made.append(("aggressive" if not options.ban_if_not_in_allowlist
@@ -320,12 +318,8 @@ def cuts_at(joint, budget: float, monkeypatch) -> tuple[list[str], list[tuple[st
                      bool(dont_ban)))
         return solve(self, options, dont_ban)
 
-    def counting(*args, **kwargs):
-        ban_calls[0] += 1
-        return bans(*args, **kwargs)
-
     monkeypatch.setattr(BudgetSearch, "solve", recording)
-    monkeypatch.setattr(search_module, "min_cut_bans", counting)
+    ban_calls = count_calls(monkeypatch, search_module, "min_cut_bans")
     fw, _ = min_cut_rematerialization_partition(joint.fresh(), None,
                                                 num_fwd_outputs=joint.num_fwd_outputs,
                                                 config=PartitionConfig(memory_budget=budget))
@@ -363,14 +357,7 @@ def walks_at_zero(joint, monkeypatch, shortcut: bool) -> tuple[list[str], int]:
     the search compare by walking, as it did before the skip."""
     from aot_partition.budget import search as search_module
 
-    walks = [0]
-    live = search_module.backward_live_nodes
-
-    def counting(*args, **kwargs):
-        walks[0] += 1
-        return live(*args, **kwargs)
-
-    monkeypatch.setattr(search_module, "backward_live_nodes", counting)
+    walks = count_calls(monkeypatch, search_module, "backward_live_nodes")
     if not shortcut:  # no cut counts as inputs only: the byte comparison decides
         monkeypatch.setattr(search_module, "saves_inputs_only", lambda cut, inputs: False)
     saved, _ = saved_at(joint, 0.0, eager=False, monkeypatch=monkeypatch)
@@ -475,14 +462,7 @@ def test_impure_answer_per_op_is_torchs_per_node(name, capture):
 def test_report_built_only_when_read(gpt_joint, monkeypatch, caplog):
     import aot_partition.partitioners as partitioners
 
-    built = [0]
-    build = partitioners.build_report
-
-    def counting(*args, **kwargs):
-        built[0] += 1
-        return build(*args, **kwargs)
-
-    monkeypatch.setattr(partitioners, "build_report", counting)
+    built = count_calls(monkeypatch, partitioners, "build_report")
     # torch's lazy trace handler stays until a first trace event finds TORCH_TRACE unset
     monkeypatch.setattr(partitioners, "tracing", lambda: False)
     kwargs = {"num_fwd_outputs": gpt_joint.num_fwd_outputs, "config": PartitionConfig()}
@@ -548,14 +528,7 @@ def test_cold_flow_stops_when_scipy_is_loaded_or_its_budget_spent(monkeypatch):
     import sys
 
     net = random_network(np.random.default_rng(3), 300, 700)
-    calls = [0]
-    real = mincut_scipy.sink_side_small
-
-    def counting(*args):
-        calls[0] += 1
-        return real(*args)
-
-    monkeypatch.setattr(mincut_scipy, "sink_side_small", counting)
+    calls = count_calls(monkeypatch, mincut_scipy, "sink_side_small")
     monkeypatch.setattr(mincut_scipy, "_cold_flow_s", 0.0)  # as in a fresh process
     import scipy.sparse.csgraph  # noqa: F401  (loaded: scipy's flow is the cheaper one)
 
