@@ -49,16 +49,11 @@ COLD_FLOW_BUDGET_S = 0.25
 _cold_flow_s = 0.0
 
 
-def _csgraph() -> Any:
-    from scipy.sparse import csgraph
+def _sparse() -> Any:
+    """``scipy.sparse`` with its ``csgraph`` loaded, imported on first use."""
+    import scipy.sparse.csgraph
 
-    return csgraph
-
-
-def _csr_matrix(*args: Any, **kwargs: Any) -> Any:
-    from scipy.sparse import csr_matrix
-
-    return csr_matrix(*args, **kwargs)
+    return scipy.sparse
 
 
 def _reachable(num_nodes: int, tails: np.ndarray, heads: np.ndarray, start: int) -> np.ndarray:
@@ -66,10 +61,11 @@ def _reachable(num_nodes: int, tails: np.ndarray, heads: np.ndarray, start: int)
     if tails.size == 0:
         seen[start] = True
         return seen
-    graph = _csr_matrix((np.ones(tails.size, dtype=np.int8), (tails, heads)),
-                        shape=(num_nodes, num_nodes))
-    order = _csgraph().breadth_first_order(graph, start, directed=True,
-                                           return_predecessors=False)
+    sparse = _sparse()
+    graph = sparse.csr_matrix((np.ones(tails.size, dtype=np.int8), (tails, heads)),
+                              shape=(num_nodes, num_nodes))
+    order = sparse.csgraph.breadth_first_order(graph, start, directed=True,
+                                               return_predecessors=False)
     seen[order] = True
     return seen
 
@@ -141,10 +137,11 @@ def scipy_min_cut(network: FlowNetwork) -> MinCut:
         if tails_k.size > SMALL_NETWORK_MAX_EDGES:
             _cold_flow_s += time.perf_counter() - started
         return _cut_of(tails, heads, capacities, ~sink_side)
-    graph = _csr_matrix((scaled, (tails_k, heads_k)), shape=(n, n))
+    sparse = _sparse()
+    graph = sparse.csr_matrix((scaled, (tails_k, heads_k)), shape=(n, n))
     graph.sum_duplicates()
     graph.data = np.minimum(graph.data, INFINITE_CAPACITY).astype(np.int32)
-    flow = _csgraph().maximum_flow(graph, source, sink).flow
+    flow = sparse.csgraph.maximum_flow(graph, source, sink).flow
 
     # Residual capacity: capacity - flow on forward edges, plus flow on reverse edges.
     residual = (graph.astype(np.int64) - flow.astype(np.int64)).tocoo()
