@@ -69,7 +69,7 @@ def test_dynamic_must_be_none_or_bool():
 def test_backend_options_unknown_key_names_the_valid_ones():
     model = torch.compile(nn.Linear(2, 2), backend="aot_pipeline", options={"budget": 0.5})
     with pytest.raises(Exception, match="unknown aot_pipeline option.*'budget'.*valid options "
-                       "are compiled_autograd, compiler, memory_budget, "
+                       "are compiled_autograd, compiler, defer_full_gc, memory_budget, "
                        "memory_budget_best_effort, memory_budget_bytes, solver"):
         model(torch.randn(1, 2))
 
@@ -102,8 +102,8 @@ def test_from_mapping_overrides_only_what_is_given():
 
 
 NON_STRING_NAMES = ("aot_pipeline option names must be strings, got 1; valid options are "
-                    "compiled_autograd, compiler, memory_budget, memory_budget_best_effort, "
-                    "memory_budget_bytes, solver and "
+                    "compiled_autograd, compiler, defer_full_gc, memory_budget, "
+                    "memory_budget_best_effort, memory_budget_bytes, solver and "
                     "torch._inductor.config "
                     "settings")
 

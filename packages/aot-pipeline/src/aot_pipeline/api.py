@@ -84,6 +84,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
     mode: str | None = None, options: dict[str, Any] | None = None,
     record_partitions: bool = True, memory_budget_best_effort: bool = False,
+    defer_full_gc: bool = True,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
@@ -100,7 +101,8 @@ def compile(  # noqa: A001 - mirrors torch.compile
     A byte cap no cut reaches fails the compile with ``UnreachableMemoryBudgetError`` (naming
     the least reachable size; torch.compile wraps it); ``memory_budget_best_effort=True`` takes
     the closest cut instead, with a ``MemoryBudgetBestEffortWarning`` saying what it saved.
-    Bad values raise ``PipelineOptionError`` (a ValueError).
+    ``defer_full_gc`` (default True) defers full garbage collections while a graph compiles
+    (``aot_pipeline.gc_deferral``). Bad values raise ``PipelineOptionError`` (a ValueError).
     """
     if not callable(model):
         raise TypeError(f"compile() needs an nn.Module or a callable, got {type(model).__name__}")
@@ -112,5 +114,5 @@ def compile(  # noqa: A001 - mirrors torch.compile
         memory_budget=memory_budget, solver=solver, compiler=compiler,
         compiled_autograd=compiled_autograd, mode=mode,
         inductor_options=inductor_pairs(options or {}),
-        memory_budget_best_effort=memory_budget_best_effort)
+        memory_budget_best_effort=memory_budget_best_effort, defer_full_gc=defer_full_gc)
     return CompiledModel(model, pipeline_options, dynamic, record_partitions)

@@ -30,6 +30,7 @@ from typing import Any
 import torch.fx as fx
 
 from . import _compat
+from .gc_deferral import full_collections_deferred
 from .options import PipelineOptionError, PipelineOptions, split_options
 from .recording import PartitionRecorder
 
@@ -250,7 +251,15 @@ def _inductor_backend(options: PipelineOptions,
             config_patches["fx_graph_cache"] = False
         if config_patches.get("triton.cudagraphs"):
             _used_cudagraphs = True
-        return _compat.compile_fx()(gm, example_inputs, config_patches=config_patches)
+        with full_collections_deferred(options.defer_full_gc):
+            return _compat.compile_fx()(gm, example_inputs, inner_compile=inner_compile,
+                                        config_patches=config_patches)
+
+    def inner_compile(*args: Any, **kwargs: Any) -> Any:
+        # Also the backward's compile, which AOTAutograd runs at the first backward, after
+        # compile_with_inductor has returned.
+        with full_collections_deferred(options.defer_full_gc):
+            return _compat.compile_fx_inner()(*args, **kwargs)
 
     return compile_with_inductor
 
@@ -282,10 +291,11 @@ def make_backend(options: PipelineOptions | None = None,
 
         def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
             # A fresh AOTAutograd back end per graph: it stores wrapped compilers on itself.
-            return _compat.aot_autograd(
-                fw_compiler=graph_compiler, bw_compiler=graph_compiler,
-                partition_fn=partition, keep_inference_input_mutations=True,
-            )(gm, example_inputs)
+            with full_collections_deferred(options.defer_full_gc):
+                return _compat.aot_autograd(
+                    fw_compiler=graph_compiler, bw_compiler=graph_compiler,
+                    partition_fn=partition, keep_inference_input_mutations=True,
+                )(gm, example_inputs)
 
     backend.__name__ = f"aot_pipeline_{options.compiler}"
     return backend

@@ -15,9 +15,9 @@ SOLVERS: tuple[str, ...] = ("dp", "greedy", "ilp", "ilp_graph", "dp_graph")
 # aot_compilers' graph compilers, run by name.
 COMPILERS: tuple[str, ...] = ("inductor", "nop", "debug_nop", "print_compile", "ts_compile")
 # Our own option names, in ``torch.compile(..., options=...)`` next to Inductor config keys.
-PIPELINE_OPTION_NAMES: tuple[str, ...] = ("compiled_autograd", "compiler", "memory_budget",
-                                          "memory_budget_best_effort", "memory_budget_bytes",
-                                          "solver")
+PIPELINE_OPTION_NAMES: tuple[str, ...] = ("compiled_autograd", "compiler", "defer_full_gc",
+                                          "memory_budget", "memory_budget_best_effort",
+                                          "memory_budget_bytes", "solver")
 # Units of a byte budget ("300MiB", "1.5GB"): SI powers of 1000 and IEC powers of 1024.
 BYTE_UNITS: dict[str, int] = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -54,6 +54,9 @@ class PipelineOptions:
     does; ``inductor_options`` are ``torch._inductor.config`` settings, as ``(name, value)``
     pairs sorted by name (a mapping is accepted and converted). Both need ``compiler="inductor"``;
     the back end checks them against the installed torch.
+
+    ``defer_full_gc`` (default True) defers CPython's full garbage collections while a graph
+    compiles (``aot_pipeline.gc_deferral``).
     """
 
     memory_budget: float | str = 1.0
@@ -64,6 +67,7 @@ class PipelineOptions:
     inductor_options: tuple[tuple[str, Any], ...] = ()
     memory_budget_bytes: int | None = None
     memory_budget_best_effort: bool = False
+    defer_full_gc: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.memory_budget, str):
@@ -77,6 +81,10 @@ class PipelineOptions:
             raise PipelineOptionError(
                 f"memory_budget_best_effort must be True or False, got "
                 f"{self.memory_budget_best_effort!r}"
+            )
+        if not isinstance(self.defer_full_gc, bool):
+            raise PipelineOptionError(
+                f"defer_full_gc must be True or False, got {self.defer_full_gc!r}"
             )
         _validate_choice("solver", self.solver, SOLVERS)
         _validate_choice("compiler", self.compiler, COMPILERS)
