@@ -166,8 +166,13 @@ def child(config: str, budget: float) -> dict[str, Any]:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if config == "inductor":
         torch._functorch.config.activation_memory_budget = budget
+        # torch.compile(backend="inductor") imports compile_fx itself, before tracing
+        # (get_compiler_config); imported here first to time it and patch the partitioner.
+        import_cpu = time.process_time()
         import torch._inductor.compile_fx as inductor_compile_fx
 
+        phases.cpu["inductor: import compile_fx (at torch.compile)"] = (
+            time.process_time() - import_cpu)
         phases.patch(inductor_compile_fx, "min_cut_rematerialization_partition", "partitioner")
         backend: Any = "inductor"
     elif config == "torch_nop":
@@ -247,13 +252,14 @@ def run_all(configs: list[str], budgets: list[float], repeats: int, warm: int,
     try:
         rounds = [("cold", r) for r in range(repeats)] + [("warm", r % repeats)
                                                           for r in range(warm)]
-        for kind, repeat in rounds:
+        for round_index, (kind, repeat) in enumerate(rounds):
             for budget in budgets:
                 for config in configs:
                     cache_dir = os.path.join(root, f"{config}-{budget}-{repeat}")
                     os.makedirs(cache_dir, exist_ok=True)
                     result = _run_child(config, budget, cache_dir, env, timeout)
-                    result.update(kind=kind, repeat=repeat, loadavg=os.getloadavg()[0])
+                    result.update(kind=kind, repeat=repeat, round=round_index,
+                                  loadavg=os.getloadavg()[0])
                     runs.append(result)
                     log(f"{kind} #{repeat} {config:14s} budget {budget}: wall "
                         f"{result['wall_s']:.2f} s, cpu {result['total_cpu_s']:.2f} s "
@@ -261,6 +267,15 @@ def run_all(configs: list[str], budgets: list[float], repeats: int, warm: int,
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return runs
+
+
+def _round_ratios(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> list[float]:
+    """Total-CPU ratio of each round to the baseline's run of the same round (the two ran
+    back to back, so a slow spell of the machine mostly hits both). Empty for runs recorded
+    without round numbers."""
+    base = {r["round"]: r["total_cpu_s"] for r in baseline if "round" in r}
+    return sorted(r["total_cpu_s"] / base[r["round"]] for r in runs
+                  if r.get("round") in base)
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -271,6 +286,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((run["config"], run["budget"], run["kind"]), []).append(run)
     medians = {key: {"wall_s": statistics.median(r["wall_s"] for r in group),
                      "cpu_s": statistics.median(r["total_cpu_s"] for r in group),
+                     "self_cpu_s": statistics.median(r["cpu_s"] for r in group),
                      "n": len(group)} for key, group in groups.items()}
     rows = []
     for (config, budget, kind), m in medians.items():
@@ -279,6 +295,10 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "baseline": BASELINE[config],
                      "wall_ratio": m["wall_s"] / base["wall_s"] if base else None,
                      "cpu_ratio": m["cpu_s"] / base["cpu_s"] if base else None,
+                     "self_cpu_ratio": m["self_cpu_s"] / base["self_cpu_s"] if base else None,
+                     "round_cpu_ratios": _round_ratios(groups[(config, budget, kind)],
+                                                       groups.get((BASELINE[config], budget,
+                                                                   kind), [])),
                      "all_match_eager": all(r["loss_matches_eager"]
                                             for r in groups[(config, budget, kind)])})
     order = list(CONFIGS)
@@ -331,24 +351,34 @@ def write_markdown(path: str, meta: dict[str, Any], rows: list[dict[str, Any]],
         "cached (`PYTHONPYCACHEPREFIX`, as installed packages have `.pyc` files); "
         f"`TORCHINDUCTOR_COMPILE_THREADS={meta['compile_threads']}`, so CPU = this process + "
         "its C++ compiler children. `torch._dynamo` is imported before the clock in every "
-        "run (same for all). ratio = ours / baseline (at most 1.00: no slower).",
+        "run (same for all). ratio = ours / baseline (at most 1.00: no slower); per round: "
+        "the lowest and highest ratio of one run to the baseline's run of the same round "
+        "(back to back); in-process: this process's CPU alone (the C++ compiler children "
+        "compile the same kernels for both when the partitions agree).",
         "",
         "| run | budget | configuration | wall s | CPU s | baseline | wall ratio | CPU ratio |"
-        " loss = eager |",
-        "|---|---:|---|---:|---:|---|---:|---:|---|",
+        " per round | in-process | loss = eager |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         ratio_w = f"{r['wall_ratio']:.2f}" if r["wall_ratio"] is not None else "-"
         ratio_c = f"{r['cpu_ratio']:.2f}" if r["cpu_ratio"] is not None else "-"
+        rounds = r.get("round_cpu_ratios") or []
+        spread = (f"{rounds[0]:.2f}-{rounds[-1]:.2f}"
+                  if rounds and r["config"] != r["baseline"] else "-")
+        in_process = (f"{r['self_cpu_ratio']:.2f}" if r.get("self_cpu_ratio") is not None
+                      else "-")
         lines.append(
             f"| {r['kind']} | {r['budget']:g} | {CONFIGS[r['config']]} | {r['wall_s']:.2f} | "
-            f"{r['cpu_s']:.2f} | {r['baseline']} | {ratio_w} | {ratio_c} | "
+            f"{r['cpu_s']:.2f} | {r['baseline']} | {ratio_w} | {ratio_c} | {spread} | "
+            f"{in_process} | "
             f"{'yes' if r['all_match_eager'] else 'NO'} |")
     lines += ["", "## Phases", "",
               "Median CPU seconds, inclusive (a phase may contain another); [wall]: "
               "`torch._dynamo.utils.compile_times()`, wall seconds, inflated by the load. "
-              "Inductor's own back end imports `compile_fx` inside `torch.compile` "
-              "(not a phase here); ours at its first graph (`pipeline: import compile_fx`).",
+              "Inductor's own back end imports `compile_fx` inside `torch.compile`, before "
+              "tracing (`inductor: import compile_fx (at torch.compile)`); ours at its first "
+              "graph, inside Dynamo's compile (`pipeline: import compile_fx`).",
               ""]
     by_run: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for p in phases:
