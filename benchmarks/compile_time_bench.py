@@ -410,23 +410,14 @@ def main(argv: list[str] | None = None) -> None:
                                                           "compile-time-bench-pycache"),
                         help="PYTHONPYCACHEPREFIX of the runs (kept, so a rerun skips filling it)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    parser.add_argument("--out", default=os.path.join(HERE, "out", "compile_time_bench.json"))
-    parser.add_argument("--results", action="store_true",
-                        help="also write benchmarks/RESULTS-compile-time.md and .json")
-    parser.add_argument("--note", action="append", default=[], help="a line for the .md")
-    parser.add_argument("--from-json", metavar="PATH",
-                        help="no runs: write the RESULTS files from an earlier --out JSON")
+    add_results_arguments(parser, "compile_time_bench", "compile-time")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.budget)))
         return
-    if args.from_json:
-        with open(args.from_json) as f:
-            payload = json.load(f)
-        payload["meta"]["notes"] = args.note or payload["meta"].get("notes", [])
-        _write_results(payload)
+    if rewrite_from_json(args, _write_results):
         return
     import torch
 
@@ -440,14 +431,41 @@ def main(argv: list[str] | None = None) -> None:
             "warm": args.warm, "compile_threads": args.compile_threads or "default",
             "model": MODEL, "notes": args.note}
     rows = summarize(runs)
-    phases = phase_table(runs)
-    payload = {"meta": meta, "summary": rows, "phases": phases, "runs": runs}
+    save_run(args, {"meta": meta, "summary": rows, "phases": phase_table(runs), "runs": runs},
+             _write_results)
+
+
+def add_results_arguments(parser: argparse.ArgumentParser, script: str, results: str) -> None:
+    """--out, --results, --note and --from-json, shared with gc_deferral_bench.py."""
+    parser.add_argument("--out", default=os.path.join(HERE, "out", f"{script}.json"))
+    parser.add_argument("--results", action="store_true",
+                        help=f"also write benchmarks/RESULTS-{results}.md and .json")
+    parser.add_argument("--note", action="append", default=[], help="a line for the .md")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="no runs: write the RESULTS files from an earlier --out JSON")
+
+
+def rewrite_from_json(args: argparse.Namespace,
+                      write: Callable[[dict[str, Any]], None]) -> bool:
+    """With --from-json: the RESULTS files rewritten from that run (new notes if given)."""
+    if not args.from_json:
+        return False
+    with open(args.from_json) as f:
+        payload = json.load(f)
+    payload["meta"]["notes"] = args.note or payload["meta"].get("notes", [])
+    write(payload)
+    return True
+
+
+def save_run(args: argparse.Namespace, payload: dict[str, Any],
+             write: Callable[[dict[str, Any]], None]) -> None:
+    """The run's JSON to --out, its summary to stdout, and with --results the RESULTS files."""
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(payload, f, indent=1)
-    print(json.dumps(rows, indent=1))
+    print(json.dumps(payload["summary"], indent=1))
     if args.results:
-        _write_results(payload)
+        write(payload)
 
 
 def _write_results(payload: dict[str, Any]) -> None:

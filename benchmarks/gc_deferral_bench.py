@@ -39,7 +39,14 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from compile_time_bench import _child_env, _fill_bytecode_cache  # noqa: E402
+from compile_time_bench import (  # noqa: E402
+    _child_env,
+    _fill_bytecode_cache,
+    _machine,
+    add_results_arguments,
+    rewrite_from_json,
+    save_run,
+)
 
 CONFIGS = {
     "inductor": 'torch.compile(backend="inductor")',
@@ -177,41 +184,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pycache", default=os.path.join(tempfile.gettempdir(),
                                                            "compile-time-bench-pycache"))
     parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("--out", default=os.path.join(HERE, "out", "gc_deferral_bench.json"))
-    parser.add_argument("--results", action="store_true",
-                        help="also write benchmarks/RESULTS-gc-deferral.md and .json")
-    parser.add_argument("--note", action="append", default=[], help="a line for the .md")
-    parser.add_argument("--from-json", metavar="PATH",
-                        help="no runs: write the RESULTS files from an earlier --out JSON")
+    add_results_arguments(parser, "gc_deferral_bench", "gc-deferral")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.layers)))
         return
-    if args.from_json:
-        with open(args.from_json) as f:
-            payload = json.load(f)
-        payload["meta"]["notes"] = args.note or payload["meta"].get("notes", [])
-        _write_results(payload)
+    if rewrite_from_json(args, _write_results):
         return
     import torch
 
     load_start = os.getloadavg()[0]
     runs = run_all(args.layers, args.repeats, args.pycache, args.timeout)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": f"{platform.machine()} {os.cpu_count()} cores (shared), "
-                       f"{platform.system()}",
-            "torch": torch.__version__, "python": platform.python_version(),
-            "load_start": load_start, "load_end": os.getloadavg()[0], "layers": args.layers,
-            "repeats": args.repeats, "notes": args.note}
-    rows = summarize(runs)
-    payload = {"meta": meta, "summary": rows, "runs": runs}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(payload, f, indent=1)
-    print(json.dumps(rows, indent=1))
-    if args.results:
-        _write_results(payload)
+            "machine": _machine(), "torch": torch.__version__,
+            "python": platform.python_version(), "load_start": load_start,
+            "load_end": os.getloadavg()[0], "layers": args.layers, "repeats": args.repeats,
+            "notes": args.note}
+    save_run(args, {"meta": meta, "summary": summarize(runs), "runs": runs}, _write_results)
 
 
 def _write_results(payload: dict[str, Any]) -> None:
