@@ -67,34 +67,31 @@ def deferred_threshold() -> int | None:
 
 _lock = threading.Lock()
 _depth = 0
-_saved: tuple[int, int, int] | None = None   # the thresholds to put back; None: unchanged
-_installed = 0                                # the third threshold we set
+# (the thresholds to put back, the thresholds we set) while the outermost use changed them.
+_change: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
 
 
 def _enter(threshold: int | None) -> None:
-    global _depth, _saved, _installed
+    global _depth, _change
     with _lock:
         if _depth == 0:
-            current = gc.get_threshold()
-            first, second, third = current
+            first, second, third = saved = gc.get_threshold()
             if gc.isenabled() and threshold is not None and third < threshold:
-                gc.set_threshold(first, second, threshold)
-                _saved, _installed = current, threshold
+                _change = saved, (first, second, threshold)
+                gc.set_threshold(*_change[1])
                 log.debug("full collections deferred while compiling (thresholds %s -> %s)",
-                          current, gc.get_threshold())
-            else:
-                _saved = None
+                          saved, _change[1])
         _depth += 1
 
 
 def _exit() -> None:
-    global _depth, _saved
+    global _depth, _change
     with _lock:
         _depth -= 1
-        if _depth or _saved is None:
+        if _depth or _change is None:
             return
-        saved, _saved = _saved, None
-        if gc.get_threshold() == (saved[0], saved[1], _installed):
+        (saved, ours), _change = _change, None
+        if gc.get_threshold() == ours:
             gc.set_threshold(*saved)
         else:
             log.debug("gc thresholds were changed to %s during the compile; left as they are",

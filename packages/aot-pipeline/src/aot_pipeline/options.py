@@ -77,21 +77,10 @@ class PipelineOptions:
         if self.memory_budget_bytes is not None:
             object.__setattr__(self, "memory_budget_bytes",
                                validate_budget_bytes(self.memory_budget_bytes))
-        if not isinstance(self.memory_budget_best_effort, bool):
-            raise PipelineOptionError(
-                f"memory_budget_best_effort must be True or False, got "
-                f"{self.memory_budget_best_effort!r}"
-            )
-        if not isinstance(self.defer_full_gc, bool):
-            raise PipelineOptionError(
-                f"defer_full_gc must be True or False, got {self.defer_full_gc!r}"
-            )
+        for name in ("memory_budget_best_effort", "defer_full_gc", "compiled_autograd"):
+            _validate_bool(name, getattr(self, name))
         _validate_choice("solver", self.solver, SOLVERS)
         _validate_choice("compiler", self.compiler, COMPILERS)
-        if not isinstance(self.compiled_autograd, bool):
-            raise PipelineOptionError(
-                f"compiled_autograd must be True or False, got {self.compiled_autograd!r}"
-            )
         if self.mode is not None and not isinstance(self.mode, str):
             raise PipelineOptionError(
                 f"mode must be a string or None, got {self.mode!r} ({type(self.mode).__name__})"
@@ -279,6 +268,11 @@ def parse_memory_budget(text: str) -> tuple[float, int | None]:
             f"(e.g. '300MiB'; units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {echo_value(text)}"
         )
     return 1.0, parse_byte_size(text, "memory_budget")
+
+
+def _validate_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise PipelineOptionError(f"{name} must be True or False, got {value!r}")
 
 
 def _validate_choice(what: str, value: object, valid: tuple[str, ...]) -> None:
