@@ -1,7 +1,7 @@
 """Inductor's ``compile_fx`` is imported only where Inductor compiles.
 
-``aot_pipeline.compile(model)`` knows its compiler at once and imports it at the call, as
-``backend="inductor"`` does. ``torch.compile(backend="aot_pipeline")`` learns the compiler from
+``aot_pipeline.compile(model)`` and ``aot_pipeline.make_backend(options)`` know their compiler
+at once and import it at the call, as ``backend="inductor"`` does. ``torch.compile(backend="aot_pipeline")`` learns the compiler from
 the options that come with the first graph: Inductor is imported then, and never for
 ``compiler="nop"`` (whose whole compile would otherwise pay about 0.7 s of CPU for nothing).
 
@@ -34,6 +34,10 @@ elif how == "compile":
     compiled = aot_pipeline.compile(model)
 elif how == "compile_nop":
     compiled = aot_pipeline.compile(model, compiler="nop")
+elif how == "make_backend":
+    compiled = torch.compile(model, backend=aot_pipeline.make_backend())
+elif how == "make_backend_nop":
+    compiled = torch.compile(model, backend=aot_pipeline.make_backend({"compiler": "nop"}))
 print("IMPORTED" if INDUCTOR in sys.modules else "NOT IMPORTED")
 if "step" in sys.argv[2:]:
     compiled(torch.randn(3, 2)).sum().backward()
@@ -58,6 +62,15 @@ def test_torch_compile_with_our_name_and_nop_never_imports_inductor():
 
 def test_aot_pipeline_compile_imports_inductor_at_the_call():
     assert _imported_after("compile") == ["IMPORTED"]
+
+
+def test_make_backend_imports_inductor_at_the_call():
+    # Before torch.compile, as backend="inductor" does; compiled with our partitioner.
+    assert _imported_after("make_backend", step=True) == ["IMPORTED", "IMPORTED"]
+
+
+def test_make_backend_with_nop_never_imports_inductor():
+    assert _imported_after("make_backend_nop", step=True) == ["NOT IMPORTED", "NOT IMPORTED"]
 
 
 def test_other_compilers_leave_inductor_unimported():

@@ -1,6 +1,6 @@
 """aot_pipeline: the full torch.compile pipeline built from the aot-* packages.
 
-``compile``, ``aot_pipeline_backend`` and ``build_model`` are imported on first use, so that
+``compile``, ``make_backend``, ``aot_pipeline_backend`` and ``build_model`` are imported on first use, so that
 ``import aot_pipeline`` does not import torch (the ``aot-pipeline`` command answers ``--help``
 and bad arguments at once).
 """
@@ -14,7 +14,7 @@ from .options import COMPILERS, SOLVERS, PipelineOptionError, PipelineOptions
 
 if TYPE_CHECKING:
     from .api import CompiledModel, compile
-    from .backend import aot_pipeline_backend
+    from .backend import aot_pipeline_backend, make_backend
     from .models import build_model
 
 __all__ = [
@@ -27,9 +27,11 @@ __all__ = [
     "aot_pipeline_backend",
     "build_model",
     "compile",
+    "make_backend",
 ]
 
 _LAZY = {"compile": "api", "CompiledModel": "api", "aot_pipeline_backend": "backend",
+         "make_backend": "backend",
          "build_model": "models"}
 
 

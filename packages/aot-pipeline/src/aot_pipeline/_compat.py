@@ -71,5 +71,15 @@ def aot_autograd(**kwargs: Any) -> Callable[..., Any]:
     return dynamo_aot_autograd(**kwargs)
 
 
+def compile_region_names_supported() -> bool:
+    """Whether this torch names compiled regions (``torch.compile(name=...)``, torch 2.13 on):
+    ``compile_fx`` and ``aot_module_simplified`` then take ``compile_region_name``."""
+    import inspect
+
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    return "compile_region_name" in inspect.signature(aot_module_simplified).parameters
+
+
 def cuda_available() -> bool:
     return torch.cuda.is_available()

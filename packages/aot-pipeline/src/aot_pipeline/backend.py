@@ -21,7 +21,7 @@ import hashlib
 import logging
 import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -226,8 +226,8 @@ def _reset() -> None:
         _compat.reset_cudagraph_trees()
 
 
-def _inductor_backend(options: PipelineOptions,
-                      recorder: PartitionRecorder | None) -> Callable[..., CompiledGraph]:
+def _inductor_backend(options: PipelineOptions, recorder: PartitionRecorder | None,
+                      region: dict[str, str]) -> Callable[..., CompiledGraph]:
     patches = inductor_config_patches(options)
     # Imported now: when aot_pipeline.compile() is called (as torch.compile(backend="inductor")
     # does), or at the first graph of torch.compile(backend="aot_pipeline").
@@ -253,7 +253,7 @@ def _inductor_backend(options: PipelineOptions,
             _used_cudagraphs = True
         with full_collections_deferred(options.defer_full_gc):
             return _compat.compile_fx()(gm, example_inputs, inner_compile=inner_compile,
-                                        config_patches=config_patches)
+                                        config_patches=config_patches, **region)
 
     def inner_compile(*args: Any, **kwargs: Any) -> Any:
         # Also the backward's compile, which AOTAutograd runs at the first backward, after
@@ -275,15 +275,61 @@ def _graph_compiler(name: str) -> Callable[..., Any]:
         ) from None
 
 
-def make_backend(options: PipelineOptions | None = None,
-                 recorder: PartitionRecorder | None = None) -> Callable[..., CompiledGraph]:
+def resolve_options(options: PipelineOptions | Mapping[str, Any] | None = None,
+                    mode: str | None = None) -> PipelineOptions:
+    """``options`` as ``PipelineOptions``: given as such, or a dict as ``torch.compile(...,
+    options=...)`` hands it to ``backend="aot_pipeline"`` (unset values from the flags, read
+    now; ``compiled_autograd`` refused: the backward runs outside the compiled graph).
+    ``mode`` (torch.compile's), when given, replaces the options' mode."""
+    if isinstance(options, PipelineOptions):
+        resolved = options
+    else:
+        if isinstance(options, Mapping) and "compiled_autograd" in options:
+            raise PipelineOptionError(
+                "compiled_autograd cannot be set through torch.compile options (the backward "
+                "runs outside the compiled graph); use "
+                "aot_pipeline.compile(model, compiled_autograd=True)"
+            )
+        resolved = PipelineOptions.from_mapping(options, default_options(),
+                                                _compat.inductor_config_keys())
+    return replace(resolved, mode=mode) if mode is not None else resolved
+
+
+def _region(name: str | None) -> dict[str, str]:
+    """``torch.compile``'s ``name`` as the ``compile_region_name`` torch's compilers take."""
+    if name is None:
+        return {}
+    if not isinstance(name, str):
+        raise PipelineOptionError(
+            f"name must be a string naming the compiled region, got {name!r}")
+    if not _compat.compile_region_names_supported():
+        import torch
+
+        raise PipelineOptionError(
+            f"name={name!r} needs torch 2.13 or later (compiled region names); this is torch "
+            f"{torch.__version__}")
+    return {"compile_region_name": name}
+
+
+def make_backend(options: PipelineOptions | Mapping[str, Any] | None = None,
+                 recorder: PartitionRecorder | None = None, *,
+                 mode: str | None = None, name: str | None = None) -> Callable[..., CompiledGraph]:
     """A torch.compile back end (``gm, example_inputs -> callable``) for ``options``.
 
-    ``recorder`` collects each partitioned forward graph, to measure the bytes it saves.
+    ``torch.compile(m, backend=make_backend(options, mode=mode))`` compiles as
+    ``torch.compile(m, backend="aot_pipeline", options=options, mode=mode)`` does, but the
+    options are checked here, and with Inductor its ``compile_fx`` is imported here, before
+    Dynamo traces, as ``backend="inductor"`` does: the registered name learns its options only
+    with the first graph and imports it inside Dynamo's compile, where CPython runs
+    call-heavy Python slower (Dynamo's frame-evaluation hook is installed). The back end keeps
+    its options in ``.options``. ``recorder`` collects each partitioned forward graph, to
+    measure the bytes it saves. ``name`` is ``torch.compile``'s name of the compiled region
+    (Inductor's profiler labels, AOTAutograd's records; torch 2.13 on).
     """
-    options = options if options is not None else default_options()
+    options = resolve_options(options, mode)
+    region = _region(name)
     if options.compiler == "inductor":
-        backend = _inductor_backend(options, recorder)
+        backend = _inductor_backend(options, recorder, region)
         backend.reset = _reset  # type: ignore[attr-defined]
     else:
         partition = make_partition_fn(options, recorder)
@@ -294,33 +340,26 @@ def make_backend(options: PipelineOptions | None = None,
             with full_collections_deferred(options.defer_full_gc):
                 return _compat.aot_autograd(
                     fw_compiler=graph_compiler, bw_compiler=graph_compiler,
-                    partition_fn=partition, keep_inference_input_mutations=True,
+                    partition_fn=partition, keep_inference_input_mutations=True, **region,
                 )(gm, example_inputs)
 
     backend.__name__ = f"aot_pipeline_{options.compiler}"
+    backend.options = options  # type: ignore[attr-defined]
     return backend
 
 
 def aot_pipeline_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
-                         options: dict[str, Any] | None = None,
-                         mode: str | None = None) -> CompiledGraph:
-    """``torch.compile(model, backend="aot_pipeline", mode=..., options={...})``.
+                         options: dict[str, Any] | None = None, mode: str | None = None,
+                         name: str | None = None) -> CompiledGraph:
+    """``torch.compile(model, backend="aot_pipeline", mode=..., options={...}, name=...)``.
 
     ``options`` may set ``memory_budget``, ``solver`` and ``compiler`` (unset ones come from
     ``aot_config.functorch``: ``activation_memory_budget``, ``activation_memory_budget_solver``;
     compiler ``"inductor"``) and any ``torch._inductor.config`` setting; ``mode`` is applied
-    to Inductor as ``backend="inductor"`` applies it.
+    to Inductor as ``backend="inductor"`` applies it; ``name`` (passed on by torch 2.15's
+    ``torch.compile``) names the compiled region.
     """
-    if options and "compiled_autograd" in options:
-        raise PipelineOptionError(
-            "compiled_autograd cannot be set through torch.compile options (the backward runs "
-            "outside the compiled graph); use aot_pipeline.compile(model, compiled_autograd=True)"
-        )
-    resolved = PipelineOptions.from_mapping(options, default_options(),
-                                            _compat.inductor_config_keys())
-    if mode is not None:
-        resolved = replace(resolved, mode=mode)
-    return make_backend(resolved)(gm, example_inputs)
+    return make_backend(options, mode=mode, name=name)(gm, example_inputs)
 
 
 aot_pipeline_backend.reset = _reset  # type: ignore[attr-defined]
