@@ -44,6 +44,9 @@ FUNCTORCH_SEED = {
 FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save": True,
                     "activation_memory_budget_runtime_estimator": "roofline",
                     "activation_memory_budget_reference_estimator": "flops",
+                    # the reference check's MILP candidate, opt-in (issue 28: its import alone
+                    # made a cold compile at 0.5 slower than Inductor's own)
+                    "activation_memory_budget_reference_ilp": False,
                     "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None,
                     "activation_memory_budget_best_effort": False,
                     "lazy_partition_modules": True,

@@ -160,7 +160,7 @@ def llama_joint(capture):
 
 
 def test_ilp_candidate_is_taken_where_it_beats_both(llama_joint):
-    fw, bw, report = partition(llama_joint, 0.5)
+    fw, bw, report = partition(llama_joint, 0.5, reference_ilp=True)
     check = report.reference_check
     assert check is not None and check.chosen == "roofline ilp_graph"
     assert report.solver == ("whole-graph MILP, dp budget, the roofline ilp_graph cut "
@@ -198,24 +198,69 @@ def spy_milp(monkeypatch, *, time_limited: bool = False) -> list[float | None]:
     return limits
 
 
-def test_ilp_candidate_runs_only_on_small_forwards(llama_joint, monkeypatch):
+def test_ilp_candidate_runs_only_when_asked_for_and_on_small_forwards(llama_joint, monkeypatch):
     from aot_partition.budget import reference
 
     limits = spy_milp(monkeypatch)
-    partition(llama_joint, 0.5)
+    # Off by default: no MILP, the check compares roofline's and flops' cuts only.
+    _, _, report = partition(llama_joint, 0.5)
+    assert limits == []
+    assert {s.label for s in report.reference_check.scores} == {"roofline", "flops"}
+    partition(llama_joint, 0.5, reference_ilp=True)
     assert limits == [reference.ILP_CANDIDATE_TIME_LIMIT_S]
     # Not with another solver than "dp": the user's choice is not second-guessed.
     limits.clear()
-    partition(llama_joint, 0.5, budget_solver="greedy")
+    partition(llama_joint, 0.5, budget_solver="greedy", reference_ilp=True)
     assert limits == []
     monkeypatch.setattr(reference, "ILP_CANDIDATE_MAX_NODES", 200)  # one below this forward's
-    _, _, report = partition(llama_joint, 0.5)
+    _, _, report = partition(llama_joint, 0.5, reference_ilp=True)
     assert limits == []
     assert {s.label for s in report.reference_check.scores} == {"roofline", "flops"}
 
 
+FRESH_PROCESS = r"""
+import sys
+
+from aot_compilers import nop
+from aot_config import functorch as flags
+from aot_partition import min_cut_rematerialization_partition
+from functorch.compile import aot_module
+from zoo import make_case
+
+case = make_case("llama")
+with flags.patch(activation_memory_budget=0.5,
+                 activation_memory_budget_reference_ilp=sys.argv[1] == "on"):
+    compiled = aot_module(case.module, fw_compiler=nop, bw_compiler=nop,
+                          partition_fn=min_cut_rematerialization_partition)
+    compiled(*case.inputs).sum().backward()
+print("scipy.optimize" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("flag", "imported"), [("off", "False"), ("on", "True")])
+def test_a_cold_process_imports_scipy_optimize_only_for_the_ilp_candidate(flag, imported):
+    # The candidate's cost in a cold compile is mostly that import (0.2 s of CPU).
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS, flag], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              filter(None, [tests, os.environ.get("PYTHONPATH")]))})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == imported
+
+
+def test_ilp_candidate_flag_reaches_the_partitioner():
+    assert functorch_config.activation_memory_budget_reference_ilp is False
+    assert PartitionConfig().reference_ilp is False
+    with functorch_config.patch(activation_memory_budget_reference_ilp=True):
+        assert PartitionConfig.from_flags().reference_ilp is True
+
+
 def test_ilp_candidate_without_a_proven_optimum_is_dropped(llama_joint, monkeypatch):
     spy_milp(monkeypatch, time_limited=True)
-    _, _, report = partition(llama_joint, 0.5)
+    _, _, report = partition(llama_joint, 0.5, reference_ilp=True)
     assert {s.label for s in report.reference_check.scores} == {"roofline", "flops"}
     assert report.reference_check.chosen != "roofline ilp_graph"

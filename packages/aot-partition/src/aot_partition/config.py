@@ -70,6 +70,7 @@ _FLAG_OF_FIELD = {
     "budget_solver": "activation_memory_budget_solver",
     "runtime_estimator": "activation_memory_budget_runtime_estimator",
     "reference_estimator": "activation_memory_budget_reference_estimator",
+    "reference_ilp": "activation_memory_budget_reference_ilp",
     "debug": "debug_partitioner",
     "visualize_pareto": "visualize_memory_budget_pareto",
     "graph_format": "torch_compile_graph_format",
@@ -104,6 +105,9 @@ class PartitionConfig:
     runtime_estimator: str = "roofline"
     # A fraction budget's cut must be no worse than this estimator's (reference.py); None: off.
     reference_estimator: str | None = "flops"
+    # The check also tries the whole-graph MILP's cut on small forwards (reference.py): opt-in,
+    # its scipy.optimize import alone is 0.2 s of a cold compile.
+    reference_ilp: bool = False
     debug: bool = False
     visualize_pareto: bool = False
     graph_format: str = "svg"

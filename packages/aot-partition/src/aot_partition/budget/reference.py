@@ -6,10 +6,14 @@ higher in the step or take longer: the knapsack sees neither the step's memory t
 what a released node's recompute needs. So at a fraction strictly between 0 and 1, when the
 call's estimator is not the reference (``PartitionConfig.reference_estimator``, the flag
 ``activation_memory_budget_reference_estimator``, default ``"flops"``), the search also makes
-the reference estimator's cut, and, with the default "dp" solver on a forward of at most
-``ILP_CANDIDATE_MAX_NODES`` nodes, the "ilp_graph" solver's cut (HiGHS, at most
-``ILP_CANDIDATE_TIME_LIMIT_S``; an answer not proven optimal in time is dropped, so the result
-does not depend on the machine's speed).
+the reference estimator's cut. With ``PartitionConfig.reference_ilp`` (the flag
+``activation_memory_budget_reference_ilp``, off by default) and the default "dp" solver on a
+forward of at most ``ILP_CANDIDATE_MAX_NODES`` nodes it also makes the "ilp_graph" solver's cut
+(HiGHS, at most ``ILP_CANDIDATE_TIME_LIMIT_S``; an answer not proven optimal in time is
+dropped, so the result does not depend on the machine's speed). Opt-in because of its cost in
+a cold compile: importing scipy.optimize takes 0.2 s of CPU and each solve 10-50 ms, which
+made a whole cold compile of a 2-block Llama at 0.5 slower than Inductor's own (1.04, 0.98
+without it; benchmarks/RESULTS-compile-time.md), for estimated steps up to 4% shorter.
 
 When the cuts differ, each is simulated (memory.py: the step's absolute peak) and each step is
 estimated with the call's estimator (``caps.step_estimate``). The answer is the candidate with
@@ -96,10 +100,11 @@ def _no_worse(mine: CutMeasure, reference: CutMeasure) -> bool:
 
 def _ilp_candidate(search: BudgetSearch, memory_budget: float,
                    dp_answer: tuple[list[fx.Node], float]) -> list[fx.Node] | None:
-    """The "ilp_graph" solver's cut, when the search uses "dp" and the MILP is small.
+    """The "ilp_graph" solver's cut, when asked for, the search uses "dp" and the MILP is small.
     ``dp_answer``: the search's own answer at this budget (the MILP's reference: not solved
     again)."""
-    if search.solver != "dp" or search.ilp_size() > ILP_CANDIDATE_MAX_NODES:
+    if (not search.config.reference_ilp or search.solver != "dp"
+            or search.ilp_size() > ILP_CANDIDATE_MAX_NODES):
         return None
     exact = replace(search, solver="ilp_graph", ilp_time_limit_s=ILP_CANDIDATE_TIME_LIMIT_S,
                     ilp_optimal_only=True)
