@@ -229,8 +229,9 @@ def _reset() -> None:
 def _inductor_backend(options: PipelineOptions, recorder: PartitionRecorder | None,
                       region: dict[str, str]) -> Callable[..., CompiledGraph]:
     patches = inductor_config_patches(options)
-    # Imported now: when aot_pipeline.compile() is called (as torch.compile(backend="inductor")
-    # does), or at the first graph of torch.compile(backend="aot_pipeline").
+    # Imported now: when make_backend() or aot_pipeline.compile() is called (before tracing, as
+    # torch.compile(backend="inductor") does), or at the first graph of
+    # torch.compile(backend="aot_pipeline").
     _compat.compile_fx()
 
     def compile_with_inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
