@@ -1,8 +1,8 @@
 """aot_pipeline: the full torch.compile pipeline built from the aot-* packages.
 
-``compile``, ``make_backend``, ``aot_pipeline_backend`` and ``build_model`` are imported on first use, so that
-``import aot_pipeline`` does not import torch (the ``aot-pipeline`` command answers ``--help``
-and bad arguments at once).
+``compile``, ``make_backend``, ``aot_pipeline_backend`` and ``build_model`` are imported on
+first use, so that ``import aot_pipeline`` does not import torch (the ``aot-pipeline`` command
+answers ``--help`` and bad arguments at once).
 """
 
 from __future__ import annotations
