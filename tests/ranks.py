@@ -9,26 +9,34 @@ something picklable.
 
 A rank that raises fails the call with that rank's traceback; a hang (a collective that one rank
 never joins) kills every rank once ``timeout`` seconds have passed and fails with their output, so
-a deadlock fails the test instead of blocking CI.
+a deadlock fails the test instead of blocking CI. Before killing them it asks each rank for every
+thread's stack (faulthandler on SIGUSR1), which the failure shows with the rank's output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 TESTS_DIR = Path(__file__).resolve().parent
 
 _WORKER = """
-import os, pickle, sys, traceback
+import faulthandler, os, pickle, signal, sys, traceback
 import importlib
 import torch.distributed as dist
+
+# run_ranks sends SIGUSR1 to a rank that outlives the timeout: every thread's stack goes to the
+# log, so a hang fails naming where each rank waits.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 result_path = sys.argv[1]
 with open(sys.argv[2], "rb") as f:
@@ -84,11 +92,13 @@ def run_ranks(target: str, world_size: int = 2, kwargs: dict[str, Any] | None = 
             logs.append(log)
             results.append(result)
         timed_out = False
+        deadline = time.monotonic() + max(1.0, timeout)
         try:
             for proc in procs:
-                proc.wait(timeout=max(1.0, timeout))
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
+            _dump_stacks(procs)
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -97,7 +107,8 @@ def run_ranks(target: str, world_size: int = 2, kwargs: dict[str, Any] | None = 
         outputs = []
         for log in logs:
             log.seek(0)
-            outputs.append(log.read().decode(errors="replace")[-6000:])
+            # a hung rank's log ends with its threads' stacks: keep enough of it for them
+            outputs.append(log.read().decode(errors="replace")[-(12000 if timed_out else 6000):])
             log.close()
         if timed_out:
             raise RanksFailed(f"{target} on {world_size} ranks did not finish in {timeout:.0f} s "
@@ -112,6 +123,15 @@ def run_ranks(target: str, world_size: int = 2, kwargs: dict[str, Any] | None = 
                 raise RanksFailed(f"rank {rank} of {target} raised:\n{value}\n" + _joined(outputs))
             values.append(value)
         return values
+
+
+def _dump_stacks(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Ask every rank still running for its threads' stacks (faulthandler, into its log)."""
+    alive = [proc for proc in procs if proc.poll() is None]
+    for proc in alive:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGUSR1)
+    time.sleep(2.0)  # faulthandler writes from the signal handler; give it a moment
 
 
 def _joined(outputs: list[str]) -> str:

@@ -1,5 +1,7 @@
 """The real-ranks helper itself: results come back in rank order, a raise and a hang fail."""
 
+import re
+
 import pytest
 from ranks import RanksFailed, run_ranks
 
@@ -14,5 +16,10 @@ def test_a_rank_that_raises_fails_with_its_traceback():
 
 
 def test_a_hang_fails_within_the_timeout_instead_of_blocking():
-    with pytest.raises(RanksFailed, match="did not finish in 20 s"):
+    with pytest.raises(RanksFailed, match="did not finish in 20 s") as failure:
         run_ranks("rank_cases:rank_zero_waits_alone", world_size=2, timeout=20)
+    # and names where each rank waits: rank 0 in the all-reduce, rank 1 in its sleep
+    message = str(failure.value)
+    rank0, rank1 = message.split("--- rank 1 output ---")
+    assert re.search(r'rank_cases.py", line 22 in rank_zero_waits_alone', rank0), rank0
+    assert re.search(r'rank_cases.py", line 24 in rank_zero_waits_alone', rank1), rank1
