@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from aot_config import functorch as functorch_config
 from aot_partition import PartitionDisagreementError
+from aot_partition.config import PartitionConfig
 from aot_partition.fx import estimators, spmd
 from aot_partition.partitioners import partition_with_report
 from functorch.compile import aot_function, nop
@@ -308,3 +309,49 @@ def training(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def decisions() -> dict[str, Any]:
     """Both groups of partition cases above, in one start of the ranks."""
     return {"collectives": functional_collectives(), "profiles": rank_dependent_profiles()}
+
+
+# ---- back-to-back collectives while torch compiles ----------------------------------------------
+
+def _unguarded_real_kernels() -> Any:
+    """aot_partition's real_kernels as it was before the deadlock fix: modes set aside and the
+    Python key off, the Python dispatcher left on."""
+    import contextlib
+
+    from torch.utils._mode_utils import no_dispatch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    @contextlib.contextmanager
+    def unguarded() -> Any:
+        with _disable_current_modes(), no_dispatch():
+            yield
+
+    return unguarded
+
+
+def collective_free_block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x @ w).sum()
+
+
+def back_to_back_agreements(rounds: int, guarded: bool = True) -> int:
+    """``rounds`` agreements of 'profile' times and checks of the saved set, back to back under
+    the Python dispatcher, which Dynamo and AOTAutograd turn on while the partitioner runs
+    (three all-reduces a round, nothing between them: the times come from a cache). With
+    ``guarded=False`` the collectives run as they did before the fix. The rounds done."""
+    from aot_partition.fx import _compat
+    from torch._dispatch.python import enable_python_dispatcher
+
+    graph = torch.fx.symbolic_trace(collective_free_block).graph
+    ops = [node for node in graph.nodes if node.op == "call_function"]
+    config = PartitionConfig(check_agreement=True)
+    original = _compat.real_kernels
+    if not guarded:
+        _compat.real_kernels = _unguarded_real_kernels()
+    try:
+        with enable_python_dispatcher():
+            for _ in range(rounds):
+                spmd.agree_on_profile_times(graph, lambda node: 1.0, lambda node: node.name)
+                spmd.check_saved_agreement(ops, config)
+    finally:
+        _compat.real_kernels = original
+    return rounds

@@ -21,7 +21,7 @@ from aot_partition.core.milp_limits import MILP_NODES_PER_SECOND, milp_limits, s
 from aot_partition.fx import estimators, spmd
 from aot_partition.fx.collectives import COLLECTIVE_REASON, collective_seconds, wire_bytes
 from aot_partition.fx.policy import active_ban_rules, collective, never_released
-from ranks import run_ranks
+from ranks import RanksFailed, run_ranks
 
 c10d = torch.ops._c10d_functional
 # The forward's collectives of dist_cases_spmd.collective_block: 3 collectives, 3 waits.
@@ -259,3 +259,22 @@ def test_ddp_and_fsdp2_give_eager_gradients_at_every_budget():
             # one agreement of 'profile' times per compiled graph, none with the default estimator
             profiled = "flags" in seen
             assert seen["profile agreements"] == (seen["graphs"] if profiled else 0), seen
+
+
+# ---- 2 real ranks: back-to-back collectives while torch compiles (a deadlock before) ----------
+
+def test_back_to_back_agreements_under_the_python_dispatcher_finish():
+    # 1,000 rounds of 3 all-reduces: without the fix torch 2.13 deadlocked within 10-200
+    assert run_ranks("dist_cases_spmd:back_to_back_agreements", world_size=2,
+                     kwargs={"rounds": 1000}, timeout=120) == [1000, 1000]
+
+
+def test_the_same_collectives_with_the_python_dispatcher_on_deadlock():
+    # The opposite case: what the fix guards against. Both ranks end up in an all-reduce, one
+    # queueing it with the GIL held, the other waiting for it.
+    with pytest.raises(RanksFailed, match="did not finish in 25 s") as failure:
+        run_ranks("dist_cases_spmd:back_to_back_agreements", world_size=2,
+                  kwargs={"rounds": 100_000, "guarded": False}, timeout=25)
+    for rank_output in str(failure.value).split("--- rank ")[1:]:
+        assert re.search(r"distributed_c10d.py\", line \d+ in all_reduce\n.*\n.*"
+                         r"line \d+ in _all_reduce_max", rank_output), rank_output

@@ -42,11 +42,16 @@ def real_kernels() -> Iterator[None]:
     Inside torch.compile the partitioner runs under AOTAutograd's FakeTensorMode: a tensor
     made there is fake (no data), and a kernel run on it under ``no_dispatch`` alone reads a
     null pointer (a segfault on CPU, an illegal memory access on CUDA that ends the process's
-    CUDA context). So the active modes are set aside, then Python dispatch is off."""
+    CUDA context). So the active modes are set aside, then Python dispatch is off: the
+    Python dispatch key and the Python dispatcher, which Dynamo and AOTAutograd turn on while
+    they compile. Under the Python dispatcher a c10d collective's binding keeps the GIL while
+    it queues the work on gloo, whose worker thread may be waiting for the GIL (to release the
+    previous collective's tensors) under the queue's lock: back-to-back collectives deadlock
+    (torch 2.11-2.15; test_distributed_decisions.py shows it)."""
     from torch.utils._mode_utils import no_dispatch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes(), no_dispatch():
+    with _disable_current_modes(), no_dispatch(), torch._C._DisablePythonDispatcher():
         yield
 
 
