@@ -142,13 +142,29 @@ def test_the_region_name_reaches_aot_autograd_with_other_compilers():
     assert seen == ["mlp"]
 
 
+@needs_region_names
+def test_aot_pipeline_compile_names_its_region(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_compat, "compile_fx", _recording_compile_fx(calls))
+    case = make_case("mlp")
+    for name in ("mlp", None):
+        torch._dynamo.reset()
+        compiled = aot_pipeline.compile(case.module, name=name)
+        assert torch.allclose(compiled(*case.inputs), case.module(*case.inputs))
+    assert calls == ["mlp", None]
+
+
 def test_a_region_name_that_is_not_text_is_refused():
-    with pytest.raises(PipelineOptionError,
-                       match="^name must be a string naming the compiled region, got 3$"):
-        aot_pipeline.make_backend(name=3)
+    for make in (lambda: aot_pipeline.make_backend(name=3),
+                 lambda: aot_pipeline.compile(torch.nn.Linear(2, 2), name=3)):
+        with pytest.raises(PipelineOptionError,
+                           match="^name must be a string naming the compiled region, got 3$"):
+            make()
 
 
 @pytest.mark.skipif(_compat.compile_region_names_supported(), reason="this torch has them")
 def test_a_region_name_on_a_torch_without_them_is_refused():
     with pytest.raises(PipelineOptionError, match=r"^name='x' needs torch 2.13 or later"):
         aot_pipeline.make_backend(name="x")
+    with pytest.raises(PipelineOptionError, match=r"^name='x' needs torch 2.13 or later"):
+        aot_pipeline.compile(torch.nn.Linear(2, 2), name="x")

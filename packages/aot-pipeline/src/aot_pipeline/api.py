@@ -27,11 +27,12 @@ class CompiledModel:
     """
 
     def __init__(self, model: nn.Module | Callable[..., Any], options: PipelineOptions,
-                 dynamic: bool | None, record_partitions: bool = True) -> None:
+                 dynamic: bool | None, record_partitions: bool = True,
+                 name: str | None = None) -> None:
         self.model = model
         self.options = options
         self.recorder = PartitionRecorder(bypass_caches=record_partitions)
-        self.backend = make_backend(options, self.recorder)
+        self.backend = make_backend(options, self.recorder, name=name)
         self.compiled = torch.compile(model, backend=self.backend, dynamic=dynamic)
         self._dynamic = dynamic
 
@@ -84,7 +85,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
     mode: str | None = None, options: dict[str, Any] | None = None,
     record_partitions: bool = True, memory_budget_best_effort: bool = False,
-    defer_full_gc: bool = True,
+    defer_full_gc: bool = True, name: str | None = None,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
@@ -102,7 +103,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
     the least reachable size; torch.compile wraps it); ``memory_budget_best_effort=True`` takes
     the closest cut instead, with a ``MemoryBudgetBestEffortWarning`` saying what it saved.
     ``defer_full_gc`` (default True) defers full garbage collections while a graph compiles
-    (``aot_pipeline.gc_deferral``). Bad values raise ``PipelineOptionError`` (a ValueError).
+    (``aot_pipeline.gc_deferral``). ``name`` names the model's compiled region, as
+    ``torch.compile(..., name=)`` does (torch 2.13 on; the compiled-autograd backward stays
+    unnamed). Bad values raise ``PipelineOptionError`` (a ValueError).
     """
     if not callable(model):
         raise TypeError(f"compile() needs an nn.Module or a callable, got {type(model).__name__}")
@@ -115,4 +118,4 @@ def compile(  # noqa: A001 - mirrors torch.compile
         compiled_autograd=compiled_autograd, mode=mode,
         inductor_options=inductor_pairs(options or {}),
         memory_budget_best_effort=memory_budget_best_effort, defer_full_gc=defer_full_gc)
-    return CompiledModel(model, pipeline_options, dynamic, record_partitions)
+    return CompiledModel(model, pipeline_options, dynamic, record_partitions, name)
