@@ -355,3 +355,51 @@ def back_to_back_agreements(rounds: int, guarded: bool = True) -> int:
     finally:
         _compat.real_kernels = original
     return rounds
+
+
+# ---- caches that skip partitioning on some ranks only ----------------------------------------
+
+def caches_warm_on_one_rank(flag_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per set of ``flags``: two compiles of ``Stack`` with Inductor at budget 0.5 under them,
+    each rank with its own cache folder (as on separate machines); between them rank 1's
+    folder is emptied, so the second compile finds rank 0's caches warm and rank 1's cold.
+    AOTAutograd's cache counters of both compiles, and the largest gradient error of the second
+    against eager."""
+    import os
+    import shutil
+    import tempfile
+
+    import aot_pipeline
+    from torch._dynamo.utils import counters
+
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    x = torch.randn(4, 8, 16)
+    eager = _eager_grads(0, [x])
+
+    def compile_and_step() -> tuple[dict[str, int], torch.nn.Module]:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = Stack()
+        compiled = torch.compile(model, backend=aot_pipeline.make_backend({"memory_budget": 0.5}))
+        compiled(x).pow(2).mean().backward()
+        return {k: v for k, v in counters["aot_autograd"].items() if "cache" in k}, model
+
+    results = []
+    for flags in flag_sets:
+        cache = tempfile.mkdtemp(prefix=f"aot-inductor-rank{rank}-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        try:
+            with functorch_config.patch(**flags):
+                first, _ = compile_and_step()
+                if rank == 1:
+                    shutil.rmtree(cache)
+                    os.makedirs(cache)
+                dist.barrier()
+                second, model = compile_and_step()
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        results.append({"first": first, "second": second,
+                        "max_grad_error": _max_grad_error(model, eager)})
+    return results

@@ -278,3 +278,44 @@ def test_the_same_collectives_with_the_python_dispatcher_on_deadlock():
     for rank_output in str(failure.value).split("--- rank ")[1:]:
         assert re.search(r"distributed_c10d.py\", line \d+ in all_reduce\n.*\n.*"
                          r"line \d+ in _all_reduce_max", rank_output), rank_output
+
+
+# ---- 2 real ranks: a cache warm on one rank only -------------------------------------------
+
+# Partitioning runs collectives under the first two (the agreement of 'profile' times, the
+# saved-set check), none under the third (the defaults).
+CACHE_FLAG_SETS = {"profile times": {"activation_memory_budget_runtime_estimator": "profile"},
+                   "agreement check": {"check_partition_agreement": True},
+                   "no collectives": {}}
+
+
+@pytest.fixture(scope="module")
+def caches_warm_on_one_rank():
+    """Per flag set, both ranks' answers (one start of the ranks for all three)."""
+    ranks = run_ranks("dist_cases_spmd:caches_warm_on_one_rank", world_size=2,
+                      kwargs={"flag_sets": list(CACHE_FLAG_SETS.values())}, timeout=300)
+    return {name: [rank[i] for rank in ranks] for i, name in enumerate(CACHE_FLAG_SETS)}
+
+
+@pytest.mark.parametrize("flags", ["profile times", "agreement check"])
+def test_a_cache_warm_on_one_rank_only_does_not_leave_the_others_waiting(
+        caches_warm_on_one_rank, flags):
+    # A rank whose AOTAutograd cache hits would skip partitioning, and its collectives, and
+    # leave the others waiting in them (before the fix: rank 1 waited in the agreement's
+    # all-reduce until rank 0 exited). So that cache is off on every rank.
+    for seen in caches_warm_on_one_rank[flags]:
+        assert seen["max_grad_error"] <= 1e-5, seen
+        for compile_ in ("first", "second"):
+            assert not any(key in seen[compile_] for key in (
+                "autograd_cache_hit", "autograd_cache_miss", "autograd_cache_saved")), seen
+
+
+def test_without_collectives_a_cache_warm_on_one_rank_is_used(caches_warm_on_one_rank):
+    # The opposite case: the default estimator, no check: partitioning runs no collective, the
+    # cache stays on, and rank 0's second compile is a hit where rank 1's is not.
+    rank0, rank1 = caches_warm_on_one_rank["no collectives"]
+    for seen in (rank0, rank1):
+        assert seen["max_grad_error"] <= 1e-5, seen
+        assert seen["first"].get("autograd_cache_miss") == 1, seen
+    assert rank0["second"].get("autograd_cache_hit") == 1, rank0
+    assert rank1["second"].get("autograd_cache_miss") == 1, rank1

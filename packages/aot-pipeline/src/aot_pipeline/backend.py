@@ -17,6 +17,7 @@ the same ``compile_fx`` config patches ``backend="inductor"`` uses.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import sys
@@ -62,14 +63,10 @@ def make_partition_fn(options: PipelineOptions,
 
     def partition(joint_module: fx.GraphModule, joint_inputs: Sequence[Any],
                   **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
-        from aot_config import functorch as functorch_flags
         from aot_partition import min_cut_rematerialization_partition
 
-        with functorch_flags.patch(
-                activation_memory_budget=options.memory_budget,
-                activation_memory_budget_bytes=options.memory_budget_bytes,
-                activation_memory_budget_best_effort=options.memory_budget_best_effort,
-                activation_memory_budget_solver=options.solver):
+        with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
+                       options.memory_budget_best_effort):
             forward, backward = min_cut_rematerialization_partition(
                 joint_module, joint_inputs, **kwargs)
         if recorder is not None:
@@ -98,6 +95,40 @@ def _sources_digest() -> str:
     return digest.hexdigest()
 
 
+def _flags_of(memory_budget: float | str, solver: str, memory_budget_bytes: int | None = None,
+              best_effort: bool = False) -> Any:
+    """The partitioner flags patched with a back end's budget and solver (a context manager)."""
+    from aot_config import functorch as functorch_flags
+
+    return functorch_flags.patch(activation_memory_budget=memory_budget,
+                                 activation_memory_budget_bytes=memory_budget_bytes,
+                                 activation_memory_budget_best_effort=best_effort,
+                                 activation_memory_budget_solver=solver)
+
+
+def _autograd_cache_off_on_many_ranks(options: PipelineOptions) -> Any:
+    """AOTAutograd's cache off for one compile when partitioning will run collectives on many
+    ranks (aot_partition.fx.spmd.partitioning_runs_collectives): a rank whose cache hits
+    skips partitioning and would leave the others waiting in its collectives (a hang, or a
+    collective mismatched with the next one). Every rank decides the same from the same
+    flags. Inductor's FX graph cache stays on: it runs after partitioning."""
+    from aot_partition import PartitionConfig
+    from aot_partition.fx.spmd import partitioning_runs_collectives
+
+    with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
+                   options.memory_budget_best_effort):
+        config = PartitionConfig.from_flags()
+    if not partitioning_runs_collectives(config):
+        return contextlib.nullcontext()
+    log.info("AOTAutograd's cache is off for this graph: partitioning runs collectives on "
+             "every rank ('profile' times agreed or the saved-set check), and a cache hit on "
+             "some ranks only would leave the others waiting in them")
+    from torch._functorch import config as torch_functorch_config
+
+    return torch_functorch_config.patch(enable_autograd_cache=False,
+                                        enable_remote_autograd_cache=False)
+
+
 def partitioner_cache_key(memory_budget: float, solver: str,
                           memory_budget_bytes: int | None = None,
                           best_effort: bool = False) -> tuple[str, ...]:
@@ -108,10 +139,7 @@ def partitioner_cache_key(memory_budget: float, solver: str,
     from aot_config import functorch as functorch_flags
     from aot_partition import PartitionConfig
 
-    with functorch_flags.patch(activation_memory_budget=memory_budget,
-                               activation_memory_budget_bytes=memory_budget_bytes,
-                               activation_memory_budget_best_effort=best_effort,
-                               activation_memory_budget_solver=solver):
+    with _flags_of(memory_budget, solver, memory_budget_bytes, best_effort):
         flags_hash = functorch_flags.get_hash().hex()
         # The settings as the partitioner will read them, torch's flags of the same names
         # included (aot_partition.flags).
@@ -252,7 +280,8 @@ def _inductor_backend(options: PipelineOptions, recorder: PartitionRecorder | No
             config_patches["fx_graph_cache"] = False
         if config_patches.get("triton.cudagraphs"):
             _used_cudagraphs = True
-        with full_collections_deferred(options.defer_full_gc):
+        with full_collections_deferred(options.defer_full_gc), \
+                _autograd_cache_off_on_many_ranks(options):
             return _compat.compile_fx()(gm, example_inputs, inner_compile=inner_compile,
                                         config_patches=config_patches, **region)
 

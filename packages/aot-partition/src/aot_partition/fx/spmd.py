@@ -40,7 +40,9 @@ device with NCCL; always under ``_compat.real_kernels`` (real tensors, with torc
 dispatcher off: under it, back-to-back gloo collectives can deadlock, see there). Nothing runs when torch.distributed is unavailable, not initialized, or has
 one rank. Every rank must compile the same graphs in the same order (SPMD); ranks that compile
 different graphs (pipeline stages) must turn ``agree_partition_across_ranks`` off and leave the
-check off.
+check off. For the same reason a cache that skips partitioning on a hit (AOTAutograd's) must be
+off on every rank whenever ``partitioning_runs_collectives``: a rank whose cache hits would
+skip the collectives the others wait in (aot_pipeline turns it off).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ __all__ = [
     "check_saved_agreement",
     "deterministic_limits",
     "multi_rank",
+    "partitioning_runs_collectives",
     "rank_agreement",
 ]
 
@@ -88,6 +91,18 @@ def multi_rank() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def partitioning_runs_collectives(config: PartitionConfig) -> bool:
+    """Whether partitioning under ``config`` may run collectives here: many ranks, and the
+    agreement of 'profile' times (as estimator or reference) or the saved-set check. A cache
+    that skips partitioning (AOTAutograd's) must then be off on every rank: a rank that hits
+    it would skip the collectives the others wait in. Conservative: it does not ask whether
+    the budget needs runtimes (per-region budgets can, under a global 1.0)."""
+    if not multi_rank():
+        return False
+    profiled = "profile" in (config.runtime_estimator, config.reference_estimator)
+    return (config.agree_across_ranks and profiled) or config.check_agreement
 
 
 def _collective_device() -> torch.device:
