@@ -113,8 +113,10 @@ def _autograd_cache_off_on_many_ranks(options: PipelineOptions) -> Any:
     collective mismatched with the next one). Every rank decides the same from the same
     flags. Inductor's FX graph cache stays on: it runs after partitioning."""
     from aot_partition import PartitionConfig
-    from aot_partition.fx.spmd import partitioning_runs_collectives
+    from aot_partition.fx.spmd import multi_rank, partitioning_runs_collectives
 
+    if not multi_rank():  # the common case, without reading the flags
+        return contextlib.nullcontext()
     with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
                    options.memory_budget_best_effort):
         config = PartitionConfig.from_flags()

@@ -37,12 +37,13 @@ nodes that differ, the same error on every rank.
 
 Collectives run on the default group: on CPU tensors with gloo (and MPI), on the current CUDA
 device with NCCL; always under ``_compat.real_kernels`` (real tensors, with torch's Python
-dispatcher off: under it, back-to-back gloo collectives can deadlock, see there). Nothing runs when torch.distributed is unavailable, not initialized, or has
-one rank. Every rank must compile the same graphs in the same order (SPMD); ranks that compile
-different graphs (pipeline stages) must turn ``agree_partition_across_ranks`` off and leave the
-check off. For the same reason a cache that skips partitioning on a hit (AOTAutograd's) must be
-off on every rank whenever ``partitioning_runs_collectives``: a rank whose cache hits would
-skip the collectives the others wait in (aot_pipeline turns it off).
+dispatcher off: under it, back-to-back gloo collectives can deadlock, see there). Nothing runs
+when torch.distributed is unavailable, not initialized, or has one rank. Every rank must compile
+the same graphs in the same order (SPMD); ranks that compile different graphs (pipeline stages)
+must turn ``agree_partition_across_ranks`` off and leave the check off. For the same reason a
+cache that skips partitioning on a hit (AOTAutograd's) must be off on every rank whenever
+``partitioning_runs_collectives``: a rank whose cache hits would skip the collectives the others
+wait in (aot_pipeline turns it off).
 """
 
 from __future__ import annotations
