@@ -35,6 +35,9 @@ from .gc_deferral import full_collections_deferred
 from .options import PipelineOptionError, PipelineOptions, split_options
 from .recording import PartitionRecorder
 
+if typing.TYPE_CHECKING:
+    from aot_partition import PartitionConfig
+
 log = logging.getLogger(__name__)
 
 CompiledGraph = Callable[..., Any]
@@ -106,20 +109,15 @@ def _flags_of(memory_budget: float | str, solver: str, memory_budget_bytes: int 
                                  activation_memory_budget_solver=solver)
 
 
-def _autograd_cache_off_on_many_ranks(options: PipelineOptions) -> Any:
+def _autograd_cache_off_on_many_ranks(config: PartitionConfig) -> Any:
     """AOTAutograd's cache off for one compile when partitioning will run collectives on many
     ranks (aot_partition.fx.spmd.partitioning_runs_collectives): a rank whose cache hits
     skips partitioning and would leave the others waiting in its collectives (a hang, or a
     collective mismatched with the next one). Every rank decides the same from the same
-    flags. Inductor's FX graph cache stays on: it runs after partitioning."""
-    from aot_partition import PartitionConfig
-    from aot_partition.fx.spmd import multi_rank, partitioning_runs_collectives
+    flags (``config``: what the partitioner will read). Inductor's FX graph cache stays on: it
+    runs after partitioning."""
+    from aot_partition.fx.spmd import partitioning_runs_collectives
 
-    if not multi_rank():  # the common case, without reading the flags
-        return contextlib.nullcontext()
-    with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
-                   options.memory_budget_best_effort):
-        config = PartitionConfig.from_flags()
     if not partitioning_runs_collectives(config):
         return contextlib.nullcontext()
     log.info("AOTAutograd's cache is off for this graph: partitioning runs collectives on "
@@ -131,6 +129,24 @@ def _autograd_cache_off_on_many_ranks(options: PipelineOptions) -> Any:
                                         enable_remote_autograd_cache=False)
 
 
+def _partition_settings(memory_budget: float, solver: str, memory_budget_bytes: int | None,
+                        best_effort: bool) -> tuple[str, PartitionConfig]:
+    """The hash of the ``aot_config.functorch`` flags and the ``PartitionConfig`` the
+    partitioner will read from them (torch's flags of the same names included:
+    aot_partition.flags), with a back end's budget and solver patched in."""
+    from aot_config import functorch as functorch_flags
+    from aot_partition import PartitionConfig
+
+    with _flags_of(memory_budget, solver, memory_budget_bytes, best_effort):
+        return functorch_flags.get_hash().hex(), PartitionConfig.from_flags()
+
+
+def _cache_key(memory_budget: float, solver: str, memory_budget_bytes: int | None,
+               best_effort: bool, flags_hash: str, config: PartitionConfig) -> tuple[str, ...]:
+    return ("aot_pipeline", _sources_digest(), repr(float(memory_budget)), solver,
+            repr(memory_budget_bytes), repr(best_effort), flags_hash, repr(config))
+
+
 def partitioner_cache_key(memory_budget: float, solver: str,
                           memory_budget_bytes: int | None = None,
                           best_effort: bool = False) -> tuple[str, ...]:
@@ -138,16 +154,8 @@ def partitioner_cache_key(memory_budget: float, solver: str,
     cache keys: our sources, the budget and solver, and the hash of every compile-relevant
     ``aot_config.functorch`` flag as the partitioner will see them (budget and solver patched
     in, so a flag overridden by the options does not split the cache)."""
-    from aot_config import functorch as functorch_flags
-    from aot_partition import PartitionConfig
-
-    with _flags_of(memory_budget, solver, memory_budget_bytes, best_effort):
-        flags_hash = functorch_flags.get_hash().hex()
-        # The settings as the partitioner will read them, torch's flags of the same names
-        # included (aot_partition.flags).
-        settings = repr(PartitionConfig.from_flags())
-    return ("aot_pipeline", _sources_digest(), repr(float(memory_budget)), solver,
-            repr(memory_budget_bytes), repr(best_effort), flags_hash, settings)
+    settings = _partition_settings(memory_budget, solver, memory_budget_bytes, best_effort)
+    return _cache_key(memory_budget, solver, memory_budget_bytes, best_effort, *settings)
 
 
 def _restore_partitioner(memory_budget: float, solver: str, key_when_pickled: object,
@@ -177,7 +185,11 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
         self.best_effort = best_effort
         self.solver = solver
         self.recorder = recorder
-        self._key = partitioner_cache_key(memory_budget, solver, memory_budget_bytes, best_effort)
+        # The settings it will partition with, read once: for its cache key and the back end.
+        flags_hash, self.config = _partition_settings(memory_budget, solver, memory_budget_bytes,
+                                                      best_effort)
+        self._key = _cache_key(memory_budget, solver, memory_budget_bytes, best_effort,
+                               flags_hash, self.config)
         self._partition = make_partition_fn(
             PipelineOptions(memory_budget=memory_budget, solver=solver,
                             memory_budget_bytes=memory_budget_bytes,
@@ -267,14 +279,12 @@ def _inductor_backend(options: PipelineOptions, recorder: PartitionRecorder | No
     def compile_with_inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
         global _used_cudagraphs
 
-        config_patches = {
-            **patches,
-            # A new one per graph: its cache key reads the flags as they are now.
-            "custom_partitioner_fn": AotPipelinePartitioner(
-                float(options.memory_budget), options.solver, recorder,
-                memory_budget_bytes=options.memory_budget_bytes,
-                best_effort=options.memory_budget_best_effort),
-        }
+        # A new one per graph: its cache key reads the flags as they are now.
+        partitioner = AotPipelinePartitioner(
+            float(options.memory_budget), options.solver, recorder,
+            memory_budget_bytes=options.memory_budget_bytes,
+            best_effort=options.memory_budget_best_effort)
+        config_patches = {**patches, "custom_partitioner_fn": partitioner}
         if recorder is not None and recorder.bypass_caches:
             # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder
             # would see nothing; with the FX graph cache off both are bypassed. Kernels stay
@@ -283,7 +293,7 @@ def _inductor_backend(options: PipelineOptions, recorder: PartitionRecorder | No
         if config_patches.get("triton.cudagraphs"):
             _used_cudagraphs = True
         with full_collections_deferred(options.defer_full_gc), \
-                _autograd_cache_off_on_many_ranks(options):
+                _autograd_cache_off_on_many_ranks(partitioner.config):
             return _compat.compile_fx()(gm, example_inputs, inner_compile=inner_compile,
                                         config_patches=config_patches, **region)
 

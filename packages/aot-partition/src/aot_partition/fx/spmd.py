@@ -102,8 +102,12 @@ def partitioning_runs_collectives(config: PartitionConfig) -> bool:
     the budget needs runtimes (per-region budgets can, under a global 1.0)."""
     if not multi_rank():
         return False
-    profiled = "profile" in (config.runtime_estimator, config.reference_estimator)
-    return (config.agree_across_ranks and profiled) or config.check_agreement
+    return (config.agree_across_ranks and _profiled(config)) or config.check_agreement
+
+
+def _profiled(config: PartitionConfig) -> bool:
+    """Whether the 'profile' estimator is in use, as the estimator or the reference one."""
+    return "profile" in (config.runtime_estimator, config.reference_estimator)
 
 
 def _collective_device() -> torch.device:
@@ -174,9 +178,8 @@ def rank_agreement(joint_graph: fx.Graph, config: PartitionConfig, *, needs_runt
     if not (config.agree_across_ranks and multi_rank()):
         yield
         return
-    profiled = "profile" in (config.runtime_estimator, config.reference_estimator)
     table = (agree_on_profile_times(joint_graph, measure, signature)
-             if profiled and needs_runtimes else None)
+             if _profiled(config) and needs_runtimes else None)
     token = _CURRENT.set(Agreement(table, deterministic_limits=True))
     try:
         yield
