@@ -138,7 +138,8 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
     # collectives, the rank agreement (they may import each other; the cycle test keeps them
     # acyclic)
-    ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives", "fx.spmd"),
+    ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives", "fx.spmd",
+     "fx.symbolic_peak", "fx.shape_guards"),
     # fx/passes: graph passes (one function each: graph in, "changed" out)
     ("fx.passes", "fx.passes.cse", "fx.passes.dce", "fx.passes.recompute_tags",
      "fx.passes.reorder", "fx.passes.rng", "fx.passes.rng_ops", "fx.passes.offload_ops"),
@@ -148,8 +149,9 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # forward/backward cutting
     ("fx.classify", "fx.context", "fx.extract", "fx.policy", "fx.network", "fx.solve",
      "fx.regions"),
-    # runtime estimates and the memory simulator
-    ("fx.estimators", "fx.roofline", "fx.memory", "fx.offload"),
+    # runtime estimates, the memory simulator and the compiled-program (Inductor) model
+    ("fx.estimators", "fx.roofline", "fx.memory", "fx.offload", "fx.inductor_memory",
+     "fx.memory_models"),
     # budget/: the memory-budget search
     ("budget", "budget.search"),
     # budgets in bytes or a peak, per-region budgets, the reference check

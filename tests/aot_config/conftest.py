@@ -91,8 +91,11 @@ def _alternative_value(flag: Flag, current: Any) -> Any:
         return current / 2 if current else 0.5
     if isinstance(current, str):
         return current + "_other"
-    if current is None:  # an optional flag: a value of its declared type
-        return next(value for value in ("other", 1024) if matches_type(value, flag.type))
+    if current is None:  # an optional flag: a value of its declared type (and range)
+        low, high = flag.range or (None, None)
+        return next(value for value in ("other", 1024, 0.5) if matches_type(value, flag.type)
+                    and (isinstance(value, str) or ((low is None or value >= low)
+                                                    and (high is None or value <= high))))
     if isinstance(current, set):
         for member in ("member", _Sample, sample_function):
             if matches_type({member}, flag.type):

@@ -48,6 +48,8 @@ FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save
                     # made a cold compile at 0.5 slower than Inductor's own)
                     "activation_memory_budget_reference_ilp": False,
                     "activation_memory_budget_bytes": None, "activation_memory_peak_bytes": None,
+                    # issue 38: a peak cap as a fraction, and the model that prices a peak
+                    "activation_memory_peak_fraction": None, "activation_memory_model": "auto",
                     "activation_memory_budget_best_effort": False,
                     "lazy_partition_modules": True,
                     # many ranks (issue 26): torch's unsafe_allow_optimization_of_collectives

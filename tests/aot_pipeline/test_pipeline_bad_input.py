@@ -20,8 +20,9 @@ from aot_pipeline.options import echo_value, parse_memory_budget
 from torch import nn
 
 UNITS = "units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB"
-NOT_A_BUDGET = ("memory_budget must be a fraction in [0, 1] (e.g. 0.5) or a size with a unit "
-                f"(e.g. '300MiB'; {UNITS}), got {{!r}}")
+NOT_A_BUDGET = ("memory_budget must be a fraction in [0, 1] (e.g. 0.5), a size with a unit "
+                f"(e.g. '300MiB'; {UNITS}) or a peak cap (e.g. '20GiB peak' or '0.8 peak'), "
+                "got {!r}")
 
 
 # ---- memory_budget values -----------------------------------------------------------------

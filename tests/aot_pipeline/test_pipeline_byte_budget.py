@@ -41,8 +41,9 @@ def test_unreadable_sizes_name_the_units(text):
     with pytest.raises(PipelineOptionError) as info:
         parse_memory_budget(text)
     assert str(info.value) == (
-        "memory_budget must be a fraction in [0, 1] (e.g. 0.5) or a size with a unit (e.g. "
-        f"'300MiB'; units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text!r}")
+        "memory_budget must be a fraction in [0, 1] (e.g. 0.5), a size with a unit (e.g. "
+        "'300MiB'; units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB) or a peak cap (e.g. "
+        f"'20GiB peak' or '0.8 peak'), got {text!r}")
 
 
 def test_a_number_above_one_without_a_unit_is_not_taken_for_bytes():

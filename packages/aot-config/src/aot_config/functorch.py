@@ -152,7 +152,27 @@ activation_memory_peak_bytes: int | None = flag(
     None,
     type=int | None,
     range=(0, None),
-    doc="Cap on the simulated forward+backward peak bytes (aot_partition.fx.memory); None = no cap.",
+    doc="Cap on the modelled forward+backward peak bytes, inputs and parameters included "
+        "(activation_memory_model says which model); None = no cap.",
+)
+
+activation_memory_peak_fraction: float | None = flag(
+    None,
+    type=float | None,
+    range=(0.0, 1.0),
+    doc="Cap on the modelled forward+backward peak as a fraction of the runtime-optimal cut's "
+        "(e.g. 0.8: at most 80% of the peak with no budget); None = no cap. With "
+        "activation_memory_peak_bytes set too, both hold.",
+)
+
+activation_memory_model: str = flag(
+    "auto",
+    choices=("auto", "eager", "inductor"),
+    doc="The memory model that prices a peak cap and the report's peak: 'inductor' lowers each "
+        "candidate's graphs with Inductor (fusion, buffer reuse, its memory plan; no kernel is "
+        "compiled), 'eager' simulates the FX graphs op by op (compilers that run them as they "
+        "are: nop, debug, TorchScript), 'auto' = 'inductor' when Inductor calls the "
+        "partitioner (its custom_partitioner_fn), else 'eager'.",
 )
 
 activation_memory_budget_runtime_estimator: str = flag(

@@ -66,6 +66,8 @@ _FLAG_OF_FIELD = {
     "memory_budget": "activation_memory_budget",
     "memory_budget_bytes": "activation_memory_budget_bytes",
     "peak_bytes": "activation_memory_peak_bytes",
+    "peak_fraction": "activation_memory_peak_fraction",
+    "memory_model": "activation_memory_model",
     "best_effort": "activation_memory_budget_best_effort",
     "budget_solver": "activation_memory_budget_solver",
     "runtime_estimator": "activation_memory_budget_runtime_estimator",
@@ -99,6 +101,10 @@ class PartitionConfig:
     memory_budget: float = 1.0
     memory_budget_bytes: int | None = None
     peak_bytes: int | None = None
+    # A cap on the peak as a fraction of the runtime-optimal cut's (under the memory model).
+    peak_fraction: float | None = None
+    # The model that prices a peak: "inductor", "eager" or "auto" (memory_models.py).
+    memory_model: str = "auto"
     # An unreachable byte cap takes the closest cut with a warning instead of raising.
     best_effort: bool = False
     budget_solver: str = "dp"

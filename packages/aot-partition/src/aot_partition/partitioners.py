@@ -51,12 +51,15 @@ from .fx.extract import (
     extract_forward_backward_graphs,
 )
 from .fx.graph_modules import make_graph_module
+from .fx.inductor_memory import hinted_sizes
+from .fx.memory_models import resolve_memory_model
 from .fx.offload import OffloadedValue, choose_offloads, offload_saved_values
 from .fx.passes import has_recomputable_ops
 from .fx.policy import MinCutOptions, active_rule_names
 from .fx.prepare import prepared_joint
 from .fx.regions import Regions, find_regions
-from .fx.sizes import node_nbytes, saved_activation_bytes, saved_bytes
+from .fx.shape_guards import guard_at_most, symbolic_shape_env
+from .fx.sizes import node_nbytes, saved_activation_bytes, saved_bytes, saved_bytes_expr
 from .fx.solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
 from .report.pareto import ParetoPoint, sweep, write_pareto_png
 from .report.report import (
@@ -210,6 +213,8 @@ class _Choice:
     options: MinCutOptions                 # the options of the cut that chose ``saved``
     activation_bytes: int | None = None    # set under a byte budget (caps.activation_bytes)
     simulated_peak: int | None = None      # set under a peak cap (caps.SimulatedPeak)
+    peak_limit: int | None = None          # the peak cap in bytes it was held to
+    memory_model: str | None = None        # the model that priced the peak (memory_models.py)
     reference_check: ReferenceCheck | None = None  # set at a fraction (reference.py)
     label: str | None = None               # the report's solver when no min cut chose ``saved``
     pareto_points: tuple[ParetoPoint, ...] = ()  # swept under the visualize flag
@@ -231,22 +236,40 @@ def _options_for(search: BudgetSearch, saved: list[fx.Node]) -> MinCutOptions:
     return search.options_of.get(frozenset(saved), search.options)
 
 
+def has_peak_cap(config: PartitionConfig) -> bool:
+    """Whether the call caps the modelled peak (in bytes, or as a fraction of the
+    runtime-optimal cut's peak)."""
+    return config.peak_bytes is not None or config.peak_fraction is not None
+
+
+def _peak_limit(search: BudgetSearch, config: PartitionConfig, peak: SimulatedPeak) -> int:
+    """The peak cap in bytes: ``peak_bytes``, and ``peak_fraction`` of the runtime-optimal
+    cut's modelled peak (the lower when both are set)."""
+    limits = [] if config.peak_bytes is None else [config.peak_bytes]
+    if config.peak_fraction is not None:
+        top = peak.of(search.runtime_optimal).peak_bytes
+        limits.append(int(config.peak_fraction * top))
+    return min(limits)
+
+
 def _caps(search: BudgetSearch, config: PartitionConfig, peak: SimulatedPeak | None
           ) -> list[Cap]:
     """The call's caps, the cheap byte cap first (it filters what the simulator measures)."""
     caps = []
     if config.memory_budget_bytes is not None:
         caps.append(byte_cap(search, config.memory_budget_bytes))
-    if config.peak_bytes is not None:
+    if has_peak_cap(config):
         assert peak is not None
-        caps.append(peak_cap(config.peak_bytes, peak, after_byte_cap=bool(caps)))
+        caps.append(peak_cap(_peak_limit(search, config, peak), peak,
+                             after_byte_cap=bool(caps), search=search))
     return caps
 
 
 def _cap_words(config: PartitionConfig) -> str:
     """The caps in the report's words (``GivenBudget.describe``)."""
     return given_budget(config.memory_budget, saved_bytes_cap=config.memory_budget_bytes,
-                        peak_cap=config.peak_bytes).describe()
+                        peak_cap=config.peak_bytes,
+                        peak_fraction=config.peak_fraction).describe()
 
 
 class MemoryBudgetBestEffortWarning(UserWarning):
@@ -276,18 +299,50 @@ def _choose_under_caps(search: BudgetSearch, config: PartitionConfig,
     caps = _caps(search, config, peak)
     chosen = (_within_caps_best_effort(search, caps) if config.best_effort
               else within_caps(search, caps))
+    _guard_every_shape(search, config, caps, chosen, peak)
     saved = list(chosen.saved)
     nbytes = activation_bytes(search, chosen)
-    simulated = peak(chosen) if peak is not None else None  # cached: measured while choosing
-    log.info("memory caps (%s): chose %s, %d activation bytes, simulated peak %s, recompute "
-             "runtime %.4g", _cap_words(config), chosen.label, nbytes, simulated, chosen.runtime)
+    measured = peak.of(chosen.saved) if peak is not None else None  # cached: measured choosing
+    simulated = measured.peak_bytes if measured is not None else None
+    log.info("memory caps (%s): chose %s, %d activation bytes, %s peak %s, recompute "
+             "runtime %.4g", _cap_words(config), chosen.label, nbytes,
+             measured.model if measured is not None else "no", simulated, chosen.runtime)
     solution = _labelled(search, saved, f"{chosen.label} cut under {_cap_words(config)}")
-    return _Choice(saved, solution, _options_for(search, saved), nbytes, simulated)
+    return _Choice(saved, solution, _options_for(search, saved), nbytes, simulated,
+                   peak_limit=caps[-1].limit if peak is not None else None,
+                   memory_model=measured.model if measured is not None else None)
+
+
+def _guard_every_shape(search: BudgetSearch, config: PartitionConfig, caps: list[Cap],
+                       chosen: Any, peak: SimulatedPeak | None) -> None:
+    """Under dynamic shapes, make the caps hold at every shape that runs: what each cap
+    measures of the chosen cut, as expressions of the shape symbols, guarded to stay within it
+    (fx/shape_guards.py: a shape that would break it compiles again and is planned for)."""
+    shape_env = symbolic_shape_env(search.joint_graph)
+    if shape_env is None:
+        return
+    if config.memory_budget_bytes is not None:
+        states = activation_bytes(search, chosen) - saved_bytes(chosen.read)  # RNG states
+        guard_at_most(shape_env, [saved_bytes_expr(chosen.read) + states], caps[0].limit,
+                      "activation memory budget")
+    if peak is None:
+        return
+    expressions = peak.of(chosen.saved).peak_expressions
+    if config.peak_bytes is not None:
+        guard_at_most(shape_env, expressions, caps[-1].limit, "memory peak cap")
+    if config.peak_fraction is not None:
+        # A fraction of the runtime-optimal cut's peak, at every shape: within that share of
+        # its expression that is the largest at the traced shapes (its peak is at least that).
+        top = peak.of(search.runtime_optimal)
+        hint = hinted_sizes(shape_env)
+        largest = max(top.peak_expressions, key=hint, default=top.peak_bytes)
+        guard_at_most(shape_env, [e - config.peak_fraction * largest for e in expressions], 0,
+                      "memory peak cap (fraction)")
 
 
 def _choose_with_regions(joint_graph: fx.Graph, node_info: NodeInfo, budget: float,
                          config: PartitionConfig, regions: Regions) -> _Choice:
-    if config.memory_budget_bytes is not None or config.peak_bytes is not None:
+    if config.memory_budget_bytes is not None or has_peak_cap(config):
         raise ValueError(
             "region memory budgets (several, or not over the whole forward) cannot be combined "
             "with a global byte cap (activation_memory_budget_bytes="
@@ -311,7 +366,7 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     ``budget`` is its fraction, as in torch)."""
     if regions is not None and regions.nodes and regions.whole_forward_fraction() is None:
         return _choose_with_regions(joint_graph, node_info, budget, config, regions)
-    if config.memory_budget_bytes is not None or config.peak_bytes is not None:
+    if config.memory_budget_bytes is not None or has_peak_cap(config):
         search = BudgetSearch.prepare(joint_graph, node_info, config=config)
         return _choose_under_caps(search, config, peak)
     if budget == 1.0:
@@ -423,7 +478,8 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
                      else (*(f"region {b.label}" for b in regions.nodes),
                            f"rest (global {budget:g})"))
     given = given_budget(budget, saved_bytes_cap=config.memory_budget_bytes,
-                         peak_cap=config.peak_bytes, regions=region_labels, source=budget_source)
+                         peak_cap=config.peak_bytes, peak_fraction=config.peak_fraction,
+                         regions=region_labels, source=budget_source)
     if not node_info.required_bw:
         # Nothing needs a backward: the default split is exact and the network would be empty.
         saved_values, saved_sym_nodes = default_saved_values(joint_module, num_fwd_outputs)
@@ -439,18 +495,22 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
               else tuple(static_lifetime_input_indices))
     simulators: dict[str | None, SimulatedPeak] = {}
 
+    # A peak cap is priced by the model of the program that will run (memory_models.py); the
+    # reference check at a fraction compares cuts on the eager model (cheap; no cap to hold).
+    model = resolve_memory_model(config.memory_model) if has_peak_cap(config) else "eager"
+
     def simulator(estimator: str | None) -> SimulatedPeak:
         # One per estimator: the cut the peak cap or the reference check measured is then
         # not measured, nor extracted, again.
         if estimator not in simulators:
             simulators[estimator] = SimulatedPeak(joint_module, num_fwd_outputs, static,
-                                                  estimator)
+                                                  estimator, model)
         return simulators[estimator]
 
-    peak = simulator(config.runtime_estimator) if config.peak_bytes is not None else None
+    peak = simulator(config.runtime_estimator) if has_peak_cap(config) else None
     # Many ranks: one decision on every rank (spmd.py); nothing happens on one rank.
     needs_runtimes = (budget < 1.0 or config.memory_budget_bytes is not None
-                      or config.peak_bytes is not None)
+                      or has_peak_cap(config))
     planner = _whole_planner(config, regions)
     planned_offloads: list[str] | None = None
     with spmd.rank_agreement(joint_graph, config, needs_runtimes=needs_runtimes,
@@ -484,8 +544,9 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         report = dataclasses.replace(
             report, active_rules=active_rule_names(choice.options), config=config,
             memory_budget_bytes=config.memory_budget_bytes,
-            activation_bytes=choice.activation_bytes, peak_bytes=config.peak_bytes,
-            simulated_peak_bytes=choice.simulated_peak, reference_check=choice.reference_check,
+            activation_bytes=choice.activation_bytes, peak_bytes=choice.peak_limit,
+            simulated_peak_bytes=choice.simulated_peak, memory_model=choice.memory_model,
+            reference_check=choice.reference_check,
             pareto_points=choice.pareto_points, pareto_png=choice.pareto_png,
             regions=choice.regions, budget=given,
             offloaded=[NodeDecision(v.name, "aot_partition.offload_to_host", v.nbytes,
@@ -541,6 +602,11 @@ def _choose_with_planner(planner: Any, joint_module: fx.GraphModule, node_info: 
     # Read per call: tests lower the size floor for tiny models and take fewer fractions.
     min_bytes = planner.OFFLOAD_MIN_BYTES
     simulated = None
+    if config.peak_fraction is not None:
+        raise ValueError(
+            "activation_memory_peak_fraction is not supported with activation_offload_planner "
+            f"(got {config.peak_fraction}); give the peak in bytes "
+            "(activation_memory_peak_bytes, or memory_budget='20GiB peak')")
     if config.peak_bytes is not None:
         candidates = planner.peak_candidates(search, joint_module, num_fwd_outputs,
                                              static_input_indices=static, min_bytes=min_bytes,
@@ -580,7 +646,8 @@ def _choose_with_planner(planner: Any, joint_module: fx.GraphModule, node_info: 
              plan.exposed_s)
     nbytes_kept = (int(plan.device_bytes) if config.memory_budget_bytes is not None else None)
     choice = _Choice(list(plan.saved), None, search.options, activation_bytes=nbytes_kept,
-                     simulated_peak=simulated, label=label)
+                     simulated_peak=simulated, label=label, peak_limit=config.peak_bytes,
+                     memory_model="eager" if simulated is not None else None)
     return choice, [n.name for n in plan.offloaded]
 
 

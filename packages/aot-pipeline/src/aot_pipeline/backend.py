@@ -57,6 +57,8 @@ def default_options() -> PipelineOptions:
         solver=str(config.budget_solver),
         memory_budget_bytes=config.memory_budget_bytes,
         memory_budget_best_effort=bool(config.best_effort),
+        memory_peak_bytes=config.peak_bytes,
+        memory_peak_fraction=config.peak_fraction,
     )
 
 
@@ -69,7 +71,8 @@ def make_partition_fn(options: PipelineOptions,
         from aot_partition import min_cut_rematerialization_partition
 
         with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
-                       options.memory_budget_best_effort):
+                       options.memory_budget_best_effort, options.memory_peak_bytes,
+                       options.memory_peak_fraction):
             forward, backward = min_cut_rematerialization_partition(
                 joint_module, joint_inputs, **kwargs)
         if recorder is not None:
@@ -99,13 +102,16 @@ def _sources_digest() -> str:
 
 
 def _flags_of(memory_budget: float | str, solver: str, memory_budget_bytes: int | None = None,
-              best_effort: bool = False) -> Any:
+              best_effort: bool = False, peak_bytes: int | None = None,
+              peak_fraction: float | None = None) -> Any:
     """The partitioner flags patched with a back end's budget and solver (a context manager)."""
     from aot_config import functorch as functorch_flags
 
     return functorch_flags.patch(activation_memory_budget=memory_budget,
                                  activation_memory_budget_bytes=memory_budget_bytes,
                                  activation_memory_budget_best_effort=best_effort,
+                                 activation_memory_peak_bytes=peak_bytes,
+                                 activation_memory_peak_fraction=peak_fraction,
                                  activation_memory_budget_solver=solver)
 
 
@@ -130,14 +136,16 @@ def _autograd_cache_off_on_many_ranks(config: PartitionConfig) -> Any:
 
 
 def _partition_settings(memory_budget: float, solver: str, memory_budget_bytes: int | None,
-                        best_effort: bool) -> tuple[str, PartitionConfig]:
+                        best_effort: bool, peak_bytes: int | None = None,
+                        peak_fraction: float | None = None) -> tuple[str, PartitionConfig]:
     """The hash of the ``aot_config.functorch`` flags and the ``PartitionConfig`` the
     partitioner will read from them (torch's flags of the same names included:
     aot_partition.flags), with a back end's budget and solver patched in."""
     from aot_config import functorch as functorch_flags
     from aot_partition import PartitionConfig
 
-    with _flags_of(memory_budget, solver, memory_budget_bytes, best_effort):
+    with _flags_of(memory_budget, solver, memory_budget_bytes, best_effort, peak_bytes,
+                   peak_fraction):
         return functorch_flags.get_hash().hex(), PartitionConfig.from_flags()
 
 
@@ -149,23 +157,27 @@ def _cache_key(memory_budget: float, solver: str, memory_budget_bytes: int | Non
 
 def partitioner_cache_key(memory_budget: float, solver: str,
                           memory_budget_bytes: int | None = None,
-                          best_effort: bool = False) -> tuple[str, ...]:
+                          best_effort: bool = False, peak_bytes: int | None = None,
+                          peak_fraction: float | None = None) -> tuple[str, ...]:
     """What decides how our partitioner splits a joint graph, for Inductor's and AOTAutograd's
     cache keys: our sources, the budget and solver, and the hash of every compile-relevant
     ``aot_config.functorch`` flag as the partitioner will see them (budget and solver patched
     in, so a flag overridden by the options does not split the cache)."""
-    settings = _partition_settings(memory_budget, solver, memory_budget_bytes, best_effort)
+    settings = _partition_settings(memory_budget, solver, memory_budget_bytes, best_effort,
+                                   peak_bytes, peak_fraction)
     return _cache_key(memory_budget, solver, memory_budget_bytes, best_effort, *settings)
 
 
 def _restore_partitioner(memory_budget: float, solver: str, key_when_pickled: object,
                          memory_budget_bytes: int | None = None,
-                         best_effort: bool = False) -> AotPipelinePartitioner:
+                         best_effort: bool = False, peak_bytes: int | None = None,
+                         peak_fraction: float | None = None) -> AotPipelinePartitioner:
     # The key rides in the pickle only so that a cache hashing the pickled config covers it;
     # a restored partitioner computes its own from the flags of the process it lands in.
     del key_when_pickled
     return AotPipelinePartitioner(memory_budget, solver, memory_budget_bytes=memory_budget_bytes,
-                                  best_effort=best_effort)
+                                  best_effort=best_effort, peak_bytes=peak_bytes,
+                                  peak_fraction=peak_fraction)
 
 
 class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore[misc]
@@ -179,21 +191,25 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
 
     def __init__(self, memory_budget: float, solver: str,
                  recorder: PartitionRecorder | None = None, *,
-                 memory_budget_bytes: int | None = None, best_effort: bool = False) -> None:
+                 memory_budget_bytes: int | None = None, best_effort: bool = False,
+                 peak_bytes: int | None = None, peak_fraction: float | None = None) -> None:
         self.memory_budget = memory_budget
         self.memory_budget_bytes = memory_budget_bytes
         self.best_effort = best_effort
+        self.peak_bytes = peak_bytes
+        self.peak_fraction = peak_fraction
         self.solver = solver
         self.recorder = recorder
         # The settings it will partition with, read once: for its cache key and the back end.
         flags_hash, self.config = _partition_settings(memory_budget, solver, memory_budget_bytes,
-                                                      best_effort)
+                                                      best_effort, peak_bytes, peak_fraction)
         self._key = _cache_key(memory_budget, solver, memory_budget_bytes, best_effort,
                                flags_hash, self.config)
         self._partition = make_partition_fn(
             PipelineOptions(memory_budget=memory_budget, solver=solver,
                             memory_budget_bytes=memory_budget_bytes,
-                            memory_budget_best_effort=best_effort), recorder)
+                            memory_budget_best_effort=best_effort, memory_peak_bytes=peak_bytes,
+                            memory_peak_fraction=peak_fraction), recorder)
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object],
                  **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -204,11 +220,15 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore_partitioner, (self.memory_budget, self.solver, self._key,
-                                       self.memory_budget_bytes, self.best_effort))
+                                       self.memory_budget_bytes, self.best_effort,
+                                       self.peak_bytes, self.peak_fraction))
 
     def __repr__(self) -> str:
         nbytes = (f", memory_budget_bytes={self.memory_budget_bytes}"
                   if self.memory_budget_bytes is not None else "")
+        nbytes += f", peak_bytes={self.peak_bytes}" if self.peak_bytes is not None else ""
+        nbytes += (f", peak_fraction={self.peak_fraction}"
+                   if self.peak_fraction is not None else "")
         nbytes += ", best_effort=True" if self.best_effort else ""
         return (f"AotPipelinePartitioner(memory_budget={self.memory_budget}{nbytes}, "
                 f"solver={self.solver!r})")
@@ -283,7 +303,8 @@ def _inductor_backend(options: PipelineOptions, recorder: PartitionRecorder | No
         partitioner = AotPipelinePartitioner(
             float(options.memory_budget), options.solver, recorder,
             memory_budget_bytes=options.memory_budget_bytes,
-            best_effort=options.memory_budget_best_effort)
+            best_effort=options.memory_budget_best_effort,
+            peak_bytes=options.memory_peak_bytes, peak_fraction=options.memory_peak_fraction)
         config_patches = {**patches, "custom_partitioner_fn": partitioner}
         if recorder is not None and recorder.bypass_caches:
             # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder

@@ -25,11 +25,12 @@ from .model_names import MODEL_NAMES, VARIANTS
 from .options import (
     COMPILERS,
     SOLVERS,
+    Budget,
     PipelineOptionError,
     echo_value,
+    parse_budget,
     parse_fraction,
     parse_key_values,
-    parse_memory_budget,
 )
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,15 @@ def _budget(text: str) -> float:
 
 
 def _budget_or_size(text: str) -> float | str:
-    """A fraction in [0, 1] ("0.5") or a byte cap with a unit ("300MiB"), checked here."""
+    """A fraction in [0, 1] ("0.5"), a byte cap with a unit ("300MiB") or a peak cap ("20GiB
+    peak", "0.8 peak"), checked here; the caps stay text (PipelineOptions reads them)."""
     try:
-        fraction, nbytes = parse_memory_budget(text)
+        budget = parse_budget(text)
     except PipelineOptionError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return text.strip() if nbytes is not None else fraction
+    if budget.nbytes is None and budget.peak_bytes is None and budget.peak_fraction is None:
+        return budget.fraction
+    return text.strip()
 
 
 def _whole_number(text: str, maximum: int) -> int:
@@ -309,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=_steps, default=10,
                        help=f"SGD steps, 1 to {MAX_STEPS} (default 10)")
     train.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
-                       help="activation memory budget: a fraction in [0, 1] (default 1.0) or "
-                            "a cap on saved activation bytes such as 300MiB")
+                       help="activation memory budget: a fraction in [0, 1] (default 1.0), "
+                            "a cap on saved activation bytes such as 300MiB, or a cap on the "
+                            "step's modelled peak such as '2GiB peak' or '0.8 peak'")
     train.add_argument("--memory-budget-best-effort", action="store_true",
                        help="when a byte cap is unreachable, take the closest cut with a "
                             "warning instead of failing")
@@ -344,8 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
         **command_help("partition"))
     model_args(partition, 1, exported=True)
     partition.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
-                           help="activation memory budget: a fraction in [0, 1] (default 1.0) "
-                                "or a cap on saved activation bytes such as 300MiB")
+                           help="activation memory budget: a fraction in [0, 1] (default 1.0), "
+                                "a cap on saved activation bytes such as 300MiB, or a cap on "
+                                "the step's modelled peak such as '2GiB peak' or '0.8 peak'")
     partition.add_argument("--memory-budget-best-effort", action="store_true",
                            help="when a byte cap is unreachable, take the closest cut with a "
                                 "warning instead of failing")
@@ -453,7 +459,7 @@ def _train(args: argparse.Namespace) -> int:
           f"{_budget_words(args.memory_budget)}, solver {args.solver}, compiler {args.compiler}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")
     print(train_table(results))
-    if isinstance(args.memory_budget, str):
+    if isinstance(args.memory_budget, str) and parse_budget(args.memory_budget).nbytes is not None:
         print("the saved-bytes cap and the table's saved activations count the same bytes: "
               "what the forward keeps alive beyond its inputs (parameters, buffers, the batch "
               "and views of them cost nothing)")
@@ -470,8 +476,10 @@ def _budget_words(memory_budget: float | str) -> str:
     from aot_partition.report.report import given_budget
 
     if isinstance(memory_budget, str):
-        fraction, nbytes = parse_memory_budget(memory_budget)
-        return given_budget(fraction, saved_bytes_cap=nbytes).describe()
+        budget = parse_budget(memory_budget)
+        return given_budget(budget.fraction, saved_bytes_cap=budget.nbytes,
+                            peak_cap=budget.peak_bytes,
+                            peak_fraction=budget.peak_fraction).describe()
     return given_budget(memory_budget).describe()
 
 
@@ -604,13 +612,18 @@ def _partition(args: argparse.Namespace) -> int:
 
     from .report import format_bytes, format_table
 
-    fraction, nbytes = (parse_memory_budget(args.memory_budget)
-                        if isinstance(args.memory_budget, str) else (args.memory_budget, None))
+    budget = (parse_budget(args.memory_budget) if isinstance(args.memory_budget, str)
+              else Budget(fraction=args.memory_budget))
+    fraction = budget.fraction
     joints = _joints(args)
     for index, joint in enumerate(joints):
+        # A peak is priced as Inductor, the compiler `train` and torch.compile use, compiles it.
         with functorch_flags.patch(
                 activation_memory_budget_solver=args.solver,
-                activation_memory_budget_bytes=nbytes,
+                activation_memory_budget_bytes=budget.nbytes,
+                activation_memory_peak_bytes=budget.peak_bytes,
+                activation_memory_peak_fraction=budget.peak_fraction,
+                activation_memory_model="inductor",
                 activation_memory_budget_best_effort=args.memory_budget_best_effort):
             # Parameters as static-lifetime inputs, as torch.compile passes them (and `train`
             # partitions): a byte cap then counts the same bytes in both commands.

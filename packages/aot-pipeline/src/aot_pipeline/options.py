@@ -17,7 +17,8 @@ COMPILERS: tuple[str, ...] = ("inductor", "nop", "debug_nop", "print_compile", "
 # Our own option names, in ``torch.compile(..., options=...)`` next to Inductor config keys.
 PIPELINE_OPTION_NAMES: tuple[str, ...] = ("compiled_autograd", "compiler", "defer_full_gc",
                                           "memory_budget", "memory_budget_best_effort",
-                                          "memory_budget_bytes", "solver")
+                                          "memory_budget_bytes", "memory_peak_bytes",
+                                          "memory_peak_fraction", "solver")
 # Units of a byte budget ("300MiB", "1.5GB"): SI powers of 1000 and IEC powers of 1024.
 BYTE_UNITS: dict[str, int] = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -33,10 +34,29 @@ _FRACTION_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[
 MAX_BUDGET_BYTES = 2**63 - 1
 # Text longer than this is echoed shortened in an error message.
 _ECHO_LIMIT = 200
+# A peak cap is a size or a fraction followed by the word "peak": "20GiB peak", "0.8 peak".
+_PEAK_SUFFIX = re.compile(r"\s+peak\s*$", re.ASCII | re.IGNORECASE)
+# The forms memory_budget takes, for error messages.
+BUDGET_FORMS = ("a fraction in [0, 1] (e.g. 0.5), a size with a unit (e.g. '300MiB'; units: B, "
+                "kB, MB, GB, TB, KiB, MiB, GiB, TiB) or a peak cap (e.g. '20GiB peak' or "
+                "'0.8 peak')")
 
 
 class PipelineOptionError(ValueError):
     """An option of the pipeline has a value it does not accept."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget as written: a fraction of the activations (``fraction``), a cap on the
+    saved activation bytes (``nbytes``), or a cap on the step's modelled peak, in bytes
+    (``peak_bytes``, "20GiB peak") or as a fraction of the peak with no budget
+    (``peak_fraction``, "0.8 peak")."""
+
+    fraction: float = 1.0
+    nbytes: int | None = None
+    peak_bytes: int | None = None
+    peak_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -68,15 +88,28 @@ class PipelineOptions:
     memory_budget_bytes: int | None = None
     memory_budget_best_effort: bool = False
     defer_full_gc: bool = True
+    memory_peak_bytes: int | None = None
+    memory_peak_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.memory_budget, str):
-            object.__setattr__(self, "memory_budget_bytes", parse_budget_size(self.memory_budget))
-            object.__setattr__(self, "memory_budget", 1.0)
+            budget = parse_budget_text(self.memory_budget)
+            for name, value in (("memory_budget_bytes", budget.nbytes),
+                                ("memory_peak_bytes", budget.peak_bytes),
+                                ("memory_peak_fraction", budget.peak_fraction)):
+                if value is not None:
+                    object.__setattr__(self, name, value)
+            object.__setattr__(self, "memory_budget", budget.fraction)
         validate_memory_budget(self.memory_budget)
         if self.memory_budget_bytes is not None:
             object.__setattr__(self, "memory_budget_bytes",
                                validate_budget_bytes(self.memory_budget_bytes))
+        if self.memory_peak_bytes is not None:
+            object.__setattr__(self, "memory_peak_bytes",
+                               validate_budget_bytes(self.memory_peak_bytes, "memory_peak_bytes"))
+        if self.memory_peak_fraction is not None:
+            object.__setattr__(self, "memory_peak_fraction",
+                               validate_peak_fraction(self.memory_peak_fraction))
         for name in ("memory_budget_best_effort", "defer_full_gc", "compiled_autograd"):
             _validate_bool(name, getattr(self, name))
         _validate_choice("solver", self.solver, SOLVERS)
@@ -190,15 +223,27 @@ def validate_memory_budget(budget: object) -> float:
     return float(budget)
 
 
-def validate_budget_bytes(nbytes: object) -> int:
+def validate_budget_bytes(nbytes: object, what: str = "memory_budget_bytes") -> int:
     """``nbytes`` as an int >= 0, or a PipelineOptionError that says what is valid."""
     if (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0
             or nbytes > MAX_BUDGET_BYTES):
+        example = "'300MiB'" if what == "memory_budget_bytes" else "'20GiB peak'"
         raise PipelineOptionError(
-            f"memory_budget_bytes must be a whole number of bytes from 0 to {MAX_BUDGET_BYTES} "
-            f"(or give memory_budget as a size such as '300MiB'), got {echo_value(nbytes)}"
+            f"{what} must be a whole number of bytes from 0 to {MAX_BUDGET_BYTES} "
+            f"(or give memory_budget as a size such as {example}), got {echo_value(nbytes)}"
         )
     return nbytes
+
+
+def validate_peak_fraction(fraction: object) -> float:
+    """A peak cap's fraction of the no-budget peak: a number in (0, 1]."""
+    if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+            or math.isnan(fraction) or not 0.0 < fraction <= 1.0):
+        raise PipelineOptionError(
+            f"memory_peak_fraction must be a number in (0, 1] (the share of the peak with no "
+            f"budget, e.g. 0.8 or memory_budget='0.8 peak'), got {echo_value(fraction)}"
+        )
+    return float(fraction)
 
 
 def echo_value(value: object) -> str:
@@ -227,6 +272,40 @@ def parse_byte_size(text: str, what: str = "size") -> int:
     return int(nbytes)
 
 
+def parse_peak(text: str) -> Budget | None:
+    """``"20GiB peak"`` -> Budget(peak_bytes=...), ``"0.8 peak"`` -> Budget(peak_fraction=0.8);
+    None when ``text`` does not end in "peak"; PipelineOptionError for a bad size or fraction."""
+    match = _PEAK_SUFFIX.search(text) if text.isascii() else None
+    if match is None:
+        return None
+    amount = text[:match.start()]
+    if _FRACTION_PATTERN.match(amount):
+        fraction = float(amount)
+        if not 0.0 < fraction <= 1.0:
+            raise PipelineOptionError(
+                f"memory_budget {echo_value(text)}: a peak fraction must be in (0, 1] (the share "
+                f"of the peak with no budget), got {fraction:g}")
+        return Budget(peak_fraction=fraction)
+    return Budget(peak_bytes=parse_byte_size(amount, "memory_budget peak"))
+
+
+def parse_budget_text(text: str) -> Budget:
+    """``memory_budget`` given as a string: a byte cap ("300MiB") or a peak cap ("20GiB peak",
+    "0.8 peak"); a bare fraction must be a number (see ``parse_budget_size``)."""
+    peak = parse_peak(text)
+    return peak if peak is not None else Budget(nbytes=parse_budget_size(text))
+
+
+def parse_budget(text: str) -> Budget:
+    """A memory budget as written on a command line: a fraction ("0.5"), a byte cap
+    ("300MiB"), a peak cap ("20GiB peak", "0.8 peak"). PipelineOptionError otherwise."""
+    peak = parse_peak(text)
+    if peak is not None:
+        return peak
+    fraction, nbytes = parse_memory_budget(text)
+    return Budget(fraction=fraction, nbytes=nbytes)
+
+
 def parse_budget_size(text: str) -> int:
     """``memory_budget`` given as a string: a size with a unit (``"300MiB"``), in bytes.
 
@@ -251,9 +330,10 @@ def parse_fraction(text: str) -> float:
 
 
 def parse_memory_budget(text: str) -> tuple[float, int | None]:
-    """A memory budget as written on a command line: ``"0.5"`` -> (0.5, None), a fraction in
-    [0, 1]; ``"300MiB"`` -> (1.0, 314572800), a cap on saved activation bytes. ASCII only;
-    anything else is a PipelineOptionError naming ``memory_budget``."""
+    """A fraction or a byte cap as written on a command line: ``"0.5"`` -> (0.5, None), a
+    fraction in [0, 1]; ``"300MiB"`` -> (1.0, 314572800), a cap on saved activation bytes.
+    ASCII only; anything else (a peak cap too: ``parse_budget`` reads every form) is a
+    PipelineOptionError naming ``memory_budget``."""
     if _FRACTION_PATTERN.match(text):
         try:
             return validate_memory_budget(float(text)), None
@@ -263,10 +343,7 @@ def parse_memory_budget(text: str) -> tuple[float, int | None]:
             ) from None
     match = _SIZE_PATTERN.match(text) if text.isascii() else None
     if match is None or match.group(2).lower() not in BYTE_UNITS:
-        raise PipelineOptionError(
-            f"memory_budget must be a fraction in [0, 1] (e.g. 0.5) or a size with a unit "
-            f"(e.g. '300MiB'; units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {echo_value(text)}"
-        )
+        raise PipelineOptionError(f"memory_budget must be {BUDGET_FORMS}, got {echo_value(text)}")
     return 1.0, parse_byte_size(text, "memory_budget")
 
 

@@ -25,7 +25,6 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from ..errors import UnreachableMemoryBudgetError
-from ..fx import memory
 from ..fx.estimators import estimate_runtime
 from ..fx.extract import (
     backward_live_nodes,
@@ -120,26 +119,89 @@ def activation_bytes(search: BudgetSearch, candidate: CutCandidate) -> int:
 
 def choose_candidate(candidates: Sequence[CutCandidate], cap: int, measure: Measure, *,
                      what: str = "activation memory budget", verb: str = "save",
-                     runtime: Callable[[CutCandidate], float] | None = None) -> CutCandidate:
+                     runtime: Callable[[CutCandidate], float] | None = None,
+                     lower_bound: Measure | None = None,
+                     max_measured: int | None = None) -> CutCandidate:
     """The candidate to take under ``cap``: among those whose ``measure`` is at most ``cap``,
     the runtime-optimal cut (rank 0) when it fits, else the least runtime (``runtime(c)``,
     default ``c.runtime``), then the smaller measure, then the lower rank.
 
     The runtime-optimal cut comes first whatever its estimate: its bans are the heuristics'
     judgement of what is slow to recompute, which the runtime estimate does not see (the
-    escalation cuts lift those bans at an estimated runtime of 0). The candidates and their order do not depend on the cap, so the rule is monotone by
-    construction: if the answer under a higher cap still fits a lower one it stays the answer,
-    and otherwise the new answer measures at most the lower cap, below the old one. When
-    nothing fits, UnreachableMemoryBudgetError names the cap and the least reachable measure
-    (``what`` and ``verb`` word it).
+    escalation cuts lift those bans at an estimated runtime of 0). The candidates and their
+    order do not depend on the cap, so the rule is monotone by construction: if the answer
+    under a higher cap still fits a lower one it stays the answer, and otherwise the new answer
+    measures at most the lower cap, below the old one. When nothing fits,
+    UnreachableMemoryBudgetError names the cap and the least reachable measure (``what`` and
+    ``verb`` word it).
+
+    Candidates are measured lazily, in the order of preference, until the first that fits (and
+    its equals in runtime): a costly measure (the Inductor memory model lowers two graphs) is
+    paid for few of them. ``lower_bound(c)`` (cheap; at most ``measure(c)``, or an estimate)
+    skips a candidate it puts over the cap, and bounds the search for the least measure when
+    none fits. ``max_measured`` bounds a costly search: after that many candidates measured in
+    the order of preference without a fit, that many more are measured in the order of
+    ``lower_bound`` (the likeliest to fit first) and the first that fits is taken; when none
+    does, the error names the least of those measured.
     """
-    measured = [(c, measure(c)) for c in candidates]
     runtime_of = runtime if runtime is not None else (lambda c: c.runtime)
-    fitting = [(c.rank != 0, runtime_of(c), m, c.rank, c) for c, m in measured if m <= cap]
-    if not fitting:
-        least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
-        raise UnreachableMemoryBudgetError(what, cap, amount, least.label, verb)
-    return min(fitting, key=lambda t: t[:4])[4]
+    order = sorted(candidates, key=lambda c: (c.rank != 0, runtime_of(c), c.rank))
+    measured: dict[int, int] = {}
+
+    def measure_of(c: CutCandidate) -> int:
+        if c.rank not in measured:
+            measured[c.rank] = measure(c)
+        return measured[c.rank]
+
+    best: tuple[int, int, CutCandidate] | None = None
+    best_key: tuple[bool, float] | None = None
+    for c in order:
+        key = (c.rank != 0, runtime_of(c))
+        if best_key is not None and key != best_key:
+            break
+        if best is None and max_measured is not None and len(measured) >= max_measured:
+            break
+        if lower_bound is not None and lower_bound(c) > cap:
+            continue
+        m = measure_of(c)
+        if m <= cap and (best is None or (m, c.rank) < best[:2]):
+            best, best_key = (m, c.rank, c), key
+    if best is not None:
+        return best[2]
+    if max_measured is not None:
+        bound = lower_bound if lower_bound is not None else (lambda c: 0)
+        rest = sorted((c for c in candidates if c.rank not in measured),
+                      key=lambda c: (bound(c), c.rank))
+        for c in rest[:max_measured]:
+            if measure_of(c) <= cap:
+                return c
+        least = min((c for c in candidates if c.rank in measured),
+                    key=lambda c: (measured[c.rank], c.rank))
+        label = least.label
+        if len(measured) < len(candidates):
+            label += (f"; the least of the {len(measured)} of {len(candidates)} candidate cuts "
+                      "priced, the others estimated higher")
+        raise UnreachableMemoryBudgetError(what, cap, measured[least.rank], label, verb)
+    least, amount = least_measure(candidates, measure_of, lower_bound)
+    if amount <= cap:  # a candidate the bound skipped fits after all: the one found
+        return least
+    raise UnreachableMemoryBudgetError(what, cap, amount, least.label, verb)
+
+
+def least_measure(candidates: Sequence[CutCandidate], measure: Measure,
+                  lower_bound: Measure | None = None) -> tuple[CutCandidate, int]:
+    """The candidate with the least ``measure`` (then the lower rank); with ``lower_bound``,
+    candidates whose bound is above the least found so far are not measured."""
+    bound = lower_bound if lower_bound is not None else (lambda c: 0)
+    best: tuple[int, int, CutCandidate] | None = None
+    for c in sorted(candidates, key=lambda c: (bound(c), c.rank)):
+        if best is not None and bound(c) > best[0]:
+            break
+        m = measure(c)
+        if best is None or (m, c.rank) < best[:2]:
+            best = (m, c.rank, c)
+    assert best is not None, "least_measure: no candidates"
+    return best[2], best[0]
 
 
 @dataclass(frozen=True)
@@ -153,6 +215,10 @@ class Cap:
     verb: str = "save"
     # How the fitting candidates are ordered when this cap chooses (default: their runtime).
     runtime: Callable[[CutCandidate], float] | None = None
+    # A cheap lower bound of ``measure`` (see choose_candidate); None: none.
+    lower_bound: Measure | None = None
+    # How many candidates a costly measure may price in each phase (choose_candidate).
+    max_measured: int | None = None
 
 
 def byte_cap(search: BudgetSearch, limit: int) -> Cap:
@@ -160,22 +226,32 @@ def byte_cap(search: BudgetSearch, limit: int) -> Cap:
     return Cap(validate_memory_budget_bytes(limit), functools.partial(activation_bytes, search))
 
 
-def peak_cap(limit: int, peak: SimulatedPeak, *, after_byte_cap: bool = False) -> Cap:
-    """The cap on the simulated peak; ``after_byte_cap``: it only sees the candidates within a
-    byte cap, which its error then says."""
+def peak_cap(limit: int, peak: SimulatedPeak, *, after_byte_cap: bool = False,
+             search: BudgetSearch | None = None) -> Cap:
+    """The cap on the modelled peak; ``after_byte_cap``: it only sees the candidates within a
+    byte cap, which its error then says. With ``search``, a candidate's inputs plus its saved
+    activations (all alive when the forward returns) bound its peak from below."""
     verb = "peak at within the activation memory budget" if after_byte_cap else "peak at"
     # The simulation also estimates the whole step: a better order than the knapsack items'
     # runtime, which misses what a cut's recompute needs and what the forward no longer runs.
     runtime = peak.step_runtime if peak.estimator is not None else None
-    return Cap(validate_peak_bytes(limit), peak, "simulated memory peak cap", verb, runtime)
+    bound = None
+    if search is not None:
+        def bound(c: CutCandidate) -> int:
+            return max(peak.input_bytes + activation_bytes(search, c), peak.soft_bound(c.saved))
+    # The Inductor model lowers two graphs per cut: its search is bounded.
+    limit_measured = INDUCTOR_PRICINGS if peak.model == "inductor" else None
+    return Cap(validate_peak_bytes(limit), peak, f"{peak.model_words} peak cap", verb, runtime,
+               bound, limit_measured)
 
 
 def _within(candidates: Sequence[CutCandidate], cap: Cap) -> list[CutCandidate]:
     """The candidates that fit ``cap``; UnreachableMemoryBudgetError when none does."""
-    measured = [(c, cap.measure(c)) for c in candidates]
-    fitting = [c for c, m in measured if m <= cap.limit]
+    bound = cap.lower_bound
+    fitting = [c for c in candidates
+               if (bound is None or bound(c) <= cap.limit) and cap.measure(c) <= cap.limit]
     if not fitting:
-        least, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
+        least, amount = least_measure(candidates, cap.measure, bound)
         raise UnreachableMemoryBudgetError(cap.what, cap.limit, amount, least.label, cap.verb)
     return fitting
 
@@ -192,7 +268,8 @@ def choose_under_caps(candidates: Sequence[CutCandidate], caps: Sequence[Cap]) -
         remaining = _within(remaining, cap)
     last = caps[-1]
     return choose_candidate(remaining, last.limit, last.measure, what=last.what, verb=last.verb,
-                            runtime=last.runtime)
+                            runtime=last.runtime, lower_bound=last.lower_bound,
+                            max_measured=last.max_measured)
 
 
 # ---- the candidate cuts of a search -----------------------------------------------------------
@@ -317,10 +394,14 @@ def finish_cut(cut: CutGraphs) -> CutGraphs:
 class CutMeasure:
     """What ``SimulatedPeak`` measured of one cut."""
 
-    peak_bytes: int                          # the absolute simulated peak (inputs included)
+    peak_bytes: int                          # the absolute modelled peak (inputs included)
     baseline_bytes: int                      # of which, forward inputs alive before the step
     recompute_runtime: float | None = None   # see recompute_estimate; None without estimator
     step_runtime: float | None = None        # see step_estimate; None without estimator
+    model: str = "eager"                     # the memory model that priced it (memory_models)
+    # Under dynamic shapes, the absolute peak at every shape is the largest of these
+    # (symbolic_peak.py); empty when static.
+    peak_expressions: tuple[Any, ...] = ()
 
 
 class NodeEstimates:
@@ -371,46 +452,108 @@ def step_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None,
 # How many measured cuts' graphs a SimulatedPeak keeps for the partition to take (the
 # reference check measures at most three).
 KEPT_CUT_GRAPHS = 4
+# Under the Inductor model a cut is not lowered when its eager peak, scaled by the largest
+# saving fusion made on any cut lowered so far, times this, is over the cap (``soft_bound``).
+SOFT_BOUND_MARGIN = 0.95
+# Candidate cuts a peak cap prices with the Inductor model in each phase of its search
+# (choose_candidate's ``max_measured``): a tight cap lowers at most twice this many.
+INDUCTOR_PRICINGS = 6
 
 
 @dataclass
 class SimulatedPeak:
-    """The measure of a peak cap: a cut's simulated forward+backward peak, in bytes.
+    """The measure of a peak cap: a cut's modelled forward+backward peak, in bytes.
 
     Absolute: what is live at the step's high-water mark, forward inputs (the batch,
     parameters and buffers), user outputs, saved values, tangents, temporaries and gradients
-    included, as ``memory.simulate_partition`` counts it (fx-level, no allocator rounding, no
-    kernel workspace). The graphs are the partition's own (``extract_cut`` + ``finish_cut``).
-    ``static_input_indices`` label parameters (they are resident either way). Results are
-    cached by saved set, so one search measures each cut once; ``estimator`` also estimates
-    each cut's recompute runtime (``recompute_estimate``, the Pareto sweep's y) and its step
-    runtime (``step_estimate``, what reference.py compares).
+    included. ``model`` says how the step is modelled (fx/memory_models.py): ``"eager"``
+    (``memory.simulate_partition``: every FX value materialized, fx-level) or ``"inductor"``
+    (the buffers Inductor's compiled graphs allocate, found by lowering them). The graphs are
+    the partition's own (``extract_cut`` + ``finish_cut``). ``static_input_indices`` label
+    parameters (they are resident either way). Results are cached by saved set, so one search
+    measures each cut once; ``estimator`` also estimates each cut's recompute runtime
+    (``recompute_estimate``, the Pareto sweep's y) and its step runtime (``step_estimate``,
+    what reference.py compares and a peak cap orders candidates by), which need the cut's
+    graphs but not its price.
     """
 
     joint_module: fx.GraphModule
     num_fwd_outputs: int
     static_input_indices: tuple[int, ...] | None = None
     estimator: str | None = None
+    model: str = "eager"
     _measured: dict[frozenset[fx.Node], CutMeasure] = field(default_factory=dict, repr=False)
-    # The finished graphs of each measured cut, by saved set (with the saved list's order):
-    # the partition takes the chosen one's instead of extracting it again (``take_graphs``).
+    # Runtime estimates of each cut whose graphs were extracted: (recompute, step).
+    _runtimes: dict[frozenset[fx.Node], tuple[float, float]] = field(default_factory=dict,
+                                                                      repr=False)
+    # The finished graphs of recent cuts, by saved set (with the saved list's order): the
+    # partition takes the chosen one's instead of extracting it again (``take_graphs``).
     _graphs: dict[frozenset[fx.Node], tuple[tuple[fx.Node, ...], CutGraphs]] = field(
         default_factory=dict, repr=False)
     _estimates: NodeEstimates | None = field(default=None, repr=False)
+    _input_bytes: int | None = field(default=None, repr=False)
+    # Why the asked model could not price a cut (memory_models.Priced.fallback), if it could not.
+    fallbacks: list[str] = field(default_factory=list, repr=False)
+    # Inductor model: each priced cut's peak over its eager (unfused) peak, and eager peaks.
+    _fusion_ratios: list[float] = field(default_factory=list, repr=False)
+    _eager: dict[frozenset[fx.Node], int] = field(default_factory=dict, repr=False)
 
     def __call__(self, candidate: CutCandidate) -> int:
         return self.of(candidate.saved).peak_bytes
 
     def step_runtime(self, candidate: CutCandidate) -> float:
         """The candidate's estimated step (``step_estimate``; needs ``estimator``)."""
-        step = self.of(candidate.saved).step_runtime
-        if step is None:
-            raise ValueError("SimulatedPeak.step_runtime needs an estimator")
-        return step
+        return self.runtimes(candidate.saved)[1]
+
+    @property
+    def model_words(self) -> str:
+        """How the peak is modelled, for messages: "simulated" (eager) or "Inductor-modelled"."""
+        return "Inductor-modelled memory" if self.model == "inductor" else "simulated memory"
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of the step's forward inputs (each storage once): alive before the step."""
+        if self._input_bytes is None:
+            from ..fx.joint import is_tangent as _is_tangent
+            from ..fx.sizes import storage_key, storage_nbytes, value_leaves
+
+            seen: set[Any] = set()
+            total = 0
+            for node in self.joint_module.graph.find_nodes(op="placeholder"):
+                if _is_tangent(node) or is_bwd_seed_offset(node):
+                    continue
+                for t in value_leaves(node.meta.get("val")):
+                    key = storage_key(t) if hasattr(t, "untyped_storage") else None
+                    if key is None or key in seen:
+                        continue
+                    seen.add(key)
+                    total += storage_nbytes(t)
+            self._input_bytes = total
+        return self._input_bytes
+
+    def soft_bound(self, saved: Sequence[fx.Node]) -> int:
+        """A cheap estimate below the cut's Inductor-modelled peak: its eager peak times the
+        least Inductor/eager ratio of the cuts lowered so far, times ``SOFT_BOUND_MARGIN``
+        (0 under the eager model, or before any cut is lowered). Not a proof: a cut whose
+        fusion saves more than any seen may be skipped (a slower cut is chosen, never one over
+        the cap: the chosen cut is always priced)."""
+        if self.model != "inductor" or not self._fusion_ratios:
+            return 0
+        return int(self._eager_peak(saved) * min(self._fusion_ratios) * SOFT_BOUND_MARGIN)
+
+    def _eager_peak(self, saved: Sequence[fx.Node]) -> int:
+        from ..fx.memory import simulate_partition
+
+        key = frozenset(saved)
+        if key not in self._eager:
+            cut = self._cut(saved)
+            self._eager[key] = simulate_partition(
+                cut.fw, cut.bw, static_input_indices=self.static_input_indices).peak_bytes
+        return self._eager[key]
 
     @property
     def simulations(self) -> int:
-        """How many cuts were simulated so far."""
+        """How many cuts were priced so far."""
         return len(self._measured)
 
     def of(self, saved: Sequence[fx.Node]) -> CutMeasure:
@@ -420,6 +563,16 @@ class SimulatedPeak:
         if found is None:
             found = self._measured[key] = self._measure(saved)
         return found
+
+    def runtimes(self, saved: Sequence[fx.Node]) -> tuple[float, float]:
+        """(recompute, step) estimates of the cut that saves ``saved`` (cached; needs
+        ``estimator``): its graphs are extracted, not priced."""
+        if self.estimator is None:
+            raise ValueError("SimulatedPeak.step_runtime needs an estimator")
+        key = frozenset(saved)
+        if key not in self._runtimes:
+            self._cut(saved)
+        return self._runtimes[key]
 
     def take_graphs(self, saved: Sequence[fx.Node]) -> CutGraphs | None:
         """The finished graphs this simulator built for exactly ``saved`` (same order), handed
@@ -431,20 +584,41 @@ class SimulatedPeak:
         del self._graphs[key]
         return found[1]
 
-    def _measure(self, saved: Sequence[fx.Node]) -> CutMeasure:
+    def _cut(self, saved: Sequence[fx.Node]) -> CutGraphs:
+        """The cut's finished graphs (kept for ``take_graphs``), its runtimes estimated."""
+        key = frozenset(saved)
+        found = self._graphs.get(key)
+        if found is not None and found[0] == tuple(saved):
+            return found[1]
         cut = extract_cut(self.joint_module, saved, num_fwd_outputs=self.num_fwd_outputs)
-        recompute = step = None
-        if self.estimator is not None:
+        if self.estimator is not None and key not in self._runtimes:
             if self._estimates is None:
                 self._estimates = NodeEstimates(self.estimator)
-            recompute = recompute_estimate(cut.fw, cut.bw, self.estimator, self._estimates)
-            step = step_estimate(cut.fw, cut.bw, self.estimator, self._estimates)
+            self._runtimes[key] = (
+                recompute_estimate(cut.fw, cut.bw, self.estimator, self._estimates),
+                step_estimate(cut.fw, cut.bw, self.estimator, self._estimates))
         finish_cut(cut)
         if len(self._graphs) >= KEPT_CUT_GRAPHS:  # a peak cap may measure many: keep the last
             del self._graphs[next(iter(self._graphs))]
-        self._graphs[frozenset(saved)] = (tuple(saved), cut)
-        timeline = memory.simulate_partition(cut.fw, cut.bw,
-                                             static_input_indices=self.static_input_indices)
-        log.debug("simulated peak %d bytes (%d before the step) for %d saved values",
+        self._graphs[key] = (tuple(saved), cut)
+        return cut
+
+    def _measure(self, saved: Sequence[fx.Node]) -> CutMeasure:
+        from ..fx.memory_models import price_partition
+
+        cut = self._cut(saved)
+        priced = price_partition(cut.fw, cut.bw, self.model,
+                                 static_input_indices=self.static_input_indices,
+                                 owner=self.joint_module)
+        if priced.fallback is not None:
+            self.fallbacks.append(priced.fallback)
+        timeline = priced.timeline
+        if priced.model == "inductor":
+            eager = self._eager_peak(saved)
+            if eager > 0:
+                self._fusion_ratios.append(timeline.peak_bytes / eager)
+        recompute, step = self._runtimes.get(frozenset(saved), (None, None))
+        log.debug("%s peak %d bytes (%d before the step) for %d saved values", priced.model,
                   timeline.peak_bytes, timeline.baseline_bytes, len(cut.saved_values))
-        return CutMeasure(timeline.peak_bytes, timeline.baseline_bytes, recompute, step)
+        return CutMeasure(timeline.peak_bytes, timeline.baseline_bytes, recompute, step,
+                          priced.model, timeline.peak_expressions)

@@ -46,6 +46,7 @@ from .sizes import (
     size_hint,
     storage_key,
     storage_nbytes,
+    storage_nbytes_expr,
     value_leaves,
 )
 
@@ -61,6 +62,7 @@ __all__ = [
     "clear_workspace_cache",
     "example_value",
     "measure_partition",
+    "measure_peak",
     "profiled_workspace",
     "simulate_joint",
     "simulate_partition",
@@ -131,6 +133,9 @@ class MemoryTimeline:
     saved_bytes: int
     end_bytes: int        # live after the backward: inputs, user outputs, gradients
     transfers: list[Transfer] = field(default_factory=list)  # offload copies, in run order
+    # Under dynamic shapes: the absolute peak at every shape is the largest of these sympy
+    # expressions of the shape symbols (symbolic_peak.py); empty when the sizes are static.
+    peak_expressions: tuple[Any, ...] = ()
 
     @property
     def offloaded_bytes(self) -> int:
@@ -190,6 +195,7 @@ class _Buffer:
     origin: str           # parameter / input / tangent / computed
     refs: int = 0
     roles: set[str] = field(default_factory=set)  # saved / output / gradient
+    expr: Any = None      # the bytes as a sympy expression of shape symbols; None: static
 
     def kind(self) -> str:
         if self.origin != "computed":
@@ -225,10 +231,18 @@ class _Memory:
         self._pending_free: list[_Buffer] = []
         self.transfers: list[Transfer] = []
 
-    def new(self, name: str, nbytes: int, origin: str) -> _Buffer:
+    def new(self, name: str, nbytes: int, origin: str, expr: Any = None) -> _Buffer:
+        """A buffer of ``nbytes`` (hinted); ``expr``: its size at every shape (sympy), for
+        the peak's expressions under dynamic shapes (an int or None: static)."""
         if nbytes > 0:  # allocators round up to their block size
             nbytes = -(-nbytes // self.alignment) * self.alignment
-        buf = _Buffer(len(self.buffers), name, nbytes, origin)
+        if isinstance(expr, int):
+            expr = None
+        elif expr is not None and self.alignment > 1:
+            from torch.utils._sympy.functions import FloorDiv
+
+            expr = FloorDiv(expr + (self.alignment - 1), self.alignment) * self.alignment
+        buf = _Buffer(len(self.buffers), name, nbytes, origin, expr=expr)
         self.buffers.append(buf)
         if origin in ("computed", "tangent"):  # inputs exist before the step
             self._pending_alloc.append(buf)
@@ -253,10 +267,22 @@ class _Memory:
 
 # ---- sizes and aliasing -----------------------------------------------------------------------
 
-def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
-    """The value ``node`` produces: aliases of its inputs' buffers, or new buffers."""
+# Whether a node's value is a buffer of its own (False: fused into its readers), per phase.
+Materialized = Callable[[str, fx.Node], bool]
+
+
+def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value],
+            fused: bool = False) -> _Value:
+    """The value ``node`` produces: aliases of its inputs' buffers, or new buffers. ``fused``:
+    computed inside its readers' kernels, it holds its inputs' buffers until they have run."""
     if has_no_result(node) or "val" not in node.meta:
         return []
+    if fused and isinstance(node.meta["val"], torch.Tensor):
+        held: dict[int, tuple[int | None, _Buffer]] = {}
+        for arg in node.all_input_nodes:
+            for key, buf in env.get(arg, []):
+                held.setdefault(buf.id, (key, buf))
+        return list(held.values())
     source = node.args[0] if node.args else None
     if (node.target is operator.getitem and isinstance(source, fx.Node) and source in env
             and isinstance(source.meta.get("val"), (list, tuple))):
@@ -278,7 +304,8 @@ def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value]) -> _Value:
         if base is not None and env.get(base):
             value.append((key, env[base][0][1]))
             continue
-        value.append((key, mem.new(node.name, storage_nbytes(t), "computed")))
+        value.append((key, mem.new(node.name, storage_nbytes(t), "computed",
+                                   storage_nbytes_expr(t))))
     return value
 
 
@@ -305,7 +332,7 @@ def _input_value(mem: _Memory, node: fx.Node, origin: str,
         if key is not None and key in known:
             value.append((key, known[key]))
             continue
-        buf = mem.new(node.name, storage_nbytes(t), origin)
+        buf = mem.new(node.name, storage_nbytes(t), origin, storage_nbytes_expr(t))
         if key is not None:
             known[key] = buf
         value.append((key, buf))
@@ -356,16 +383,21 @@ def _record_transfer(mem: _Memory, node: fx.Node) -> None:
 
 
 def _run_graph(mem: _Memory, graph: fx.Graph, phase: str, inputs: Sequence[_Value],
-               workspace: WorkspaceFn | None = None) -> list[_Value]:
+               workspace: WorkspaceFn | None = None,
+               materialized: Materialized | None = None) -> list[_Value]:
     """Run ``graph``'s nodes on ``inputs`` (the caller's references move into the graph's
-    variables); return the output values, each held once for the caller."""
+    variables); return the output values, each held once for the caller. ``materialized``:
+    which call nodes get a buffer of their own (default: all); graph outputs always do."""
     placeholders = list(graph.find_nodes(op="placeholder"))
     env: dict[fx.Node, _Value] = dict(zip(placeholders, inputs))
     deletions = _deletions(graph)
+    returned = {a for a in _output_args(graph) if isinstance(a, fx.Node)}
     for node in graph.nodes:
         if node.op in ("placeholder", "output"):
             continue
-        value = _define(mem, node, env)
+        fused = (materialized is not None and node.op == "call_function"
+                 and node not in returned and not materialized(phase, node))
+        value = _define(mem, node, env, fused)
         _record_transfer(mem, node)
         env[node] = value
         mem.hold(value)
@@ -436,6 +468,7 @@ def simulate_partition(
     hold_outputs: bool = True,
     alignment: int = 1,
     workspace: WorkspaceFn | str | None = None,
+    materialized: Materialized | None = None,
 ) -> MemoryTimeline:
     """Simulate one training step's memory: the forward, then the backward.
 
@@ -448,7 +481,9 @@ def simulate_partition(
     ``workspace``: bytes each op allocates and frees inside its kernel (oneDNN convolutions
     on CPU), added to that step's high-water mark; ``"profile"`` measures each distinct op
     once (``profiled_workspace``), a callable ``node -> bytes`` supplies them, None ignores
-    them (a pure fx-level model)."""
+    them (a pure fx-level model). ``materialized(phase, node)``: whether a call node gets a
+    buffer of its own (False: fused into its readers, holding its inputs until they have
+    run; graph outputs always do); None: every node does, as the graphs run eagerly."""
     fw, bw = _graph_of(fw_graph), _graph_of(bw_graph)
     ws = profiled_workspace if workspace == "profile" else workspace
     if isinstance(ws, str):
@@ -461,7 +496,7 @@ def simulate_partition(
     fw_in = [list(v) for v in fw_values]
     for value in fw_in:
         mem.hold(value)  # the forward's own variables
-    fw_out = _run_graph(mem, fw, "forward", fw_in, ws)
+    fw_out = _run_graph(mem, fw, "forward", fw_in, ws, materialized)
     saved_in_fw_order = fw_out[layout.num_user_outputs:]
     _mark(fw_out[:layout.num_user_outputs], "output")
     _mark(saved_in_fw_order, "saved")
@@ -472,7 +507,7 @@ def simulate_partition(
         for value in fw_out[:layout.num_user_outputs]:
             mem.drop(value)
     bw_in = _backward_inputs(mem, bw, layout.backward_saved_order(fw_out))
-    grads = _run_graph(mem, bw, "backward", bw_in, ws)
+    grads = _run_graph(mem, bw, "backward", bw_in, ws, materialized)
     _mark(grads, "gradient")
     return _timeline(mem, fw_values, saved)
 
@@ -530,11 +565,14 @@ def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> Memory
             high_kinds["workspace"] = raw.workspace
         steps.append(MemoryStep(raw.phase, raw.node, raw.op, allocated, freed, high, total,
                                 high_kinds))
+    from .symbolic_peak import peak_expressions
+
     return MemoryTimeline(
         steps=steps, peak_bytes=peak, peak_step=peak_step,
         live_at_peak=_live_at(mem, inputs, peak_step), baseline_bytes=baseline,
         parameter_bytes=sum(b.nbytes for b in inputs.values() if b.origin == "parameter"),
-        saved_bytes=saved_bytes, end_bytes=total, transfers=list(mem.transfers))
+        saved_bytes=saved_bytes, end_bytes=total, transfers=list(mem.transfers),
+        peak_expressions=peak_expressions(mem, list(inputs.values())))
 
 
 def _live_at(mem: _Memory, inputs: dict[int, _Buffer], index: int) -> list[LiveBuffer]:
@@ -683,10 +721,26 @@ def _run_step(fw: fx.GraphModule, boxed_bw: Callable[[list[Any]], Any], fw_input
     return user, grads
 
 
-def _measure_cpu_profiler(step: Callable[[], Any], device: str) -> MeasuredMemory:
+def measure_peak(step: Callable[[], Any], device: str | torch.device = "cpu", *,
+                 grad: bool = True) -> MeasuredMemory:
+    """Run ``step()`` once and return the allocator's peak above the memory allocated before
+    it (and what is still allocated after it, while its result is held): on CPU rebuilt from
+    the profiler's allocation events, on CUDA ``max_memory_allocated`` after
+    ``reset_peak_memory_stats``. ``grad``: run with autograd on (a training step whose loss
+    and backward are inside ``step``), else under ``torch.no_grad``."""
+    dev = torch.device(device)
+    gc.collect()
+    if dev.type == "cuda":
+        return _measure_cuda(step, dev, grad=grad)
+    return _measure_cpu_profiler(step, str(dev), grad=grad)
+
+
+def _measure_cpu_profiler(step: Callable[[], Any], device: str, *,
+                          grad: bool = False) -> MeasuredMemory:
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.set_grad_enabled(grad), profile(activities=[ProfilerActivity.CPU],
+                                               profile_memory=True) as prof:
         kept = step()
     deltas = _allocation_deltas(prof)
     del kept
@@ -712,11 +766,12 @@ def _allocation_deltas(prof: Any) -> list[tuple[int, int]]:
     return out
 
 
-def _measure_cuda(step: Callable[[], Any], device: torch.device) -> MeasuredMemory:
+def _measure_cuda(step: Callable[[], Any], device: torch.device, *,
+                  grad: bool = False) -> MeasuredMemory:
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         kept = step()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before

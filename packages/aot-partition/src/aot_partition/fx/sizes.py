@@ -119,6 +119,22 @@ def storage_nbytes(value: torch.Tensor) -> int:
         return tensor_nbytes(value)
 
 
+def size_expr(value: int | torch.SymInt) -> Any:
+    """A size as a sympy expression of the shape symbols (an int when it is static)."""
+    if isinstance(value, torch.SymInt):
+        expr = value.node.expr
+        return int(expr) if expr.is_Integer else expr
+    return int(value)
+
+
+def storage_nbytes_expr(value: torch.Tensor) -> Any:
+    """``storage_nbytes`` unhinted: a sympy expression of the shape symbols, or an int."""
+    try:
+        return size_expr(value.untyped_storage().nbytes())
+    except Exception:
+        return size_expr(value.numel()) * value.dtype.itemsize
+
+
 def value_leaves(val: Any) -> list[Any]:
     """The items of a node's ``meta["val"]`` in order (tensors, scalars, None)."""
     return list(val) if isinstance(val, (list, tuple)) else [val]
@@ -175,7 +191,8 @@ def alias_root(node: fx.Node, index: int = 0) -> tuple[fx.Node, int]:
         node, index = base, 0
 
 
-def saved_buffers(values: Iterable[fx.Node]) -> dict[object, tuple[fx.Node, int]]:
+def saved_buffers(values: Iterable[fx.Node], *, symbolic: bool = False
+                  ) -> dict[object, tuple[fx.Node, Any]]:
     """The memory ``values`` keep alive for the backward, one entry per buffer: its key ->
     (the first of ``values`` that holds it, its bytes). The one definition behind
     ``saved_bytes``.
@@ -185,8 +202,14 @@ def saved_buffers(values: Iterable[fx.Node]) -> dict[object, tuple[fx.Node, int]
     - a view of an activation: its base's storage, once however many views of it are saved;
     - a symbolic scalar: ``sym_node_size`` (ints and bools 1, floats 4); backward state,
       opaque objects and plain scalars: nothing.
+
+    ``symbolic``: sizes as sympy expressions of the shape symbols (``storage_nbytes_expr``)
+    instead of their hints.
     """
-    found: dict[object, tuple[fx.Node, int]] = {}
+    storage_size = storage_nbytes_expr if symbolic else storage_nbytes
+    tensor_size = ((lambda t: size_expr(t.numel()) * t.dtype.itemsize) if symbolic
+                   else tensor_nbytes)
+    found: dict[object, tuple[fx.Node, Any]] = {}
     for node in values:
         val = node.meta.get("val")
         if isinstance(val, py_sym_types):
@@ -200,10 +223,10 @@ def saved_buffers(values: Iterable[fx.Node]) -> dict[object, tuple[fx.Node, int]
                 continue
             key = storage_key(item)
             if key is not None:
-                found.setdefault(key, (node, storage_nbytes(item)))
+                found.setdefault(key, (node, storage_size(item)))
                 continue
             base = value_leaves(root.meta.get("val"))[root_index]
-            nbytes = tensor_nbytes(base if isinstance(base, torch.Tensor) else item)
+            nbytes = tensor_size(base if isinstance(base, torch.Tensor) else item)
             found.setdefault((root, root_index), (node, nbytes))
     return found
 
@@ -213,6 +236,12 @@ def saved_bytes(values: Iterable[fx.Node]) -> int:
     the graph's inputs (``saved_buffers``). The report, the byte caps, the region budgets, the
     Pareto sweep, the memory simulator and ``saved_activation_bytes`` all count with it."""
     return sum(nbytes for _, nbytes in saved_buffers(values).values())
+
+
+def saved_bytes_expr(values: Iterable[fx.Node]) -> Any:
+    """``saved_bytes`` as a sympy expression of the shape symbols (an int when static): what
+    the measure is at every shape a dynamic graph runs."""
+    return sum((nbytes for _, nbytes in saved_buffers(values, symbolic=True).values()), 0)
 
 
 def forward_saved_outputs(fw_graph: fx.Graph | fx.GraphModule,

@@ -64,6 +64,7 @@ class GivenBudget:
     peak_cap: int | None = None
     regions: tuple[str, ...] = ()
     source: str | None = None
+    peak_fraction: float | None = None  # a peak cap as a fraction of the runtime-optimal cut's
 
     def describe(self) -> str:
         """The budget in words: "memory budget 0.5", "saved-bytes cap 2.0 KiB (2048 bytes)",
@@ -79,6 +80,9 @@ class GivenBudget:
                 words.append(f"saved-bytes cap {format_size(self.saved_bytes_cap)}")
             if self.peak_cap is not None:
                 words.append(f"simulated peak cap {format_size(self.peak_cap)}")
+            if self.peak_fraction is not None:
+                words.append(f"simulated peak cap {self.peak_fraction:g} of the runtime-optimal "
+                             "cut's")
             return " and ".join(words)
         source = f" (from {self.source})" if self.source is not None else ""
         return f"memory budget {self.fraction:g}{source}"
@@ -87,19 +91,20 @@ class GivenBudget:
         """The JSON form (trace.py's decisions page): kind, values and the words."""
         return {"kind": self.kind, "fraction": self.fraction,
                 "saved_bytes_cap": self.saved_bytes_cap, "peak_cap": self.peak_cap,
-                "regions": list(self.regions), "source": self.source,
+                "peak_fraction": self.peak_fraction, "regions": list(self.regions), "source": self.source,
                 "describe": self.describe()}
 
 
 def given_budget(fraction: float, *, saved_bytes_cap: int | None = None,
                  peak_cap: int | None = None, regions: tuple[str, ...] = (),
-                 source: str | None = None) -> GivenBudget:
+                 source: str | None = None, peak_fraction: float | None = None) -> GivenBudget:
     """The ``GivenBudget`` of a min-cut partition: caps win over the fraction, regions (not
     over the whole forward) are their own kind."""
     if regions:
         return GivenBudget("regions", regions=regions)
-    if saved_bytes_cap is not None or peak_cap is not None:
-        return GivenBudget("caps", saved_bytes_cap=saved_bytes_cap, peak_cap=peak_cap)
+    if saved_bytes_cap is not None or peak_cap is not None or peak_fraction is not None:
+        return GivenBudget("caps", saved_bytes_cap=saved_bytes_cap, peak_cap=peak_cap,
+                           peak_fraction=peak_fraction)
     return GivenBudget("fraction", fraction=fraction, source=source)
 
 
@@ -122,9 +127,11 @@ class PartitionReport:
     # the chosen cut, equal to saved_bytes).
     activation_bytes: int | None = None
     peak_bytes: int | None = None              # the cap on the simulated peak, if one was set
-    # Under a peak cap: the chosen cut's simulated forward+backward peak (caps.SimulatedPeak:
-    # absolute, the step's inputs and parameters included).
+    # Under a peak cap: the chosen cut's modelled forward+backward peak (caps.SimulatedPeak:
+    # absolute, the step's inputs and parameters included) and the model that priced it
+    # ("inductor" or "eager": fx/memory_models.py).
     simulated_peak_bytes: int | None = None
+    memory_model: str | None = None
     # At a fraction between 0 and 1: the reference check (reference.py), None when it did not
     # apply (budget 0 or 1, a byte cap, the estimator is the reference, or it is off).
     reference_check: ReferenceCheck | None = None
@@ -152,7 +159,7 @@ class PartitionReport:
                  f"saved {self.saved_bytes} bytes in {len(self.saved)} values"]
         if self.peak_bytes is not None:
             lines.append(f"simulated peak {self.simulated_peak_bytes} bytes (forward+backward, "
-                         "inputs and parameters included)")
+                         f"inputs and parameters included; {self.memory_model} memory model)")
         if self.reference_check is not None:
             lines.append(self.reference_check.describe())
         lines.extend(region.describe() for region in self.regions)

@@ -83,6 +83,7 @@ def decisions_page(partitioner: str, report: PartitionReport) -> dict[str, Any]:
         "activation_bytes": report.activation_bytes,
         "peak_bytes": report.peak_bytes,
         "simulated_peak_bytes": report.simulated_peak_bytes,
+        "memory_model": report.memory_model,
         "solver": report.solver,
         "saved_bytes": report.saved_bytes,
         "active_rules": list(report.active_rules),
