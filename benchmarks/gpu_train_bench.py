@@ -27,8 +27,13 @@ vocab 50304, seq 1024, batch 8, SDPA); ``llama``, a transformers ``LlamaForCausa
 8 layers, 16 heads, 4 KV heads, seq 1024, batch 8, SDPA). bf16 on CUDA, fp32 on CPU.
 ``--size tiny`` shrinks both for the CPU smoke test.
 
+``+peakfrac=F`` caps the modelled peak at a share F of the uncapped peak
+(``activation_memory_peak_fraction``).
+
 Each row: first-step seconds (compile included), median step ms, peak step memory above what was
-allocated before the step (CUDA: ``max_memory_allocated``), the largest relative difference of
+allocated before the step (CUDA: ``max_memory_allocated``; CPU: the profiler's allocation events
+of one more step), for our variants the peak the compiled-program memory model predicted from
+the partition (``aot_partition.fx.inductor_memory``), the largest relative difference of
 the step losses from eager's, and the captures counted by compiled autograd.
 
     uv run python benchmarks/gpu_train_bench.py --device cuda            # all, one table
@@ -65,7 +70,8 @@ VALID_VARIANTS = VARIANTS + BACKEND_VARIANTS
 # ``ours@B+key=value``: what each key patches in ``aot_config.functorch``.
 OURS_FLAGS = {"est": "activation_memory_budget_runtime_estimator",
               "solver": "activation_memory_budget_solver",
-              "peak": "activation_memory_peak_bytes"}
+              "peak": "activation_memory_peak_bytes",
+              "peakfrac": "activation_memory_peak_fraction"}
 WARM_RESTART_VARIANTS = ("inductor@1.0", "aot_pipeline@1.0")
 # Largest relative loss difference from eager still called agreement (bf16 on CUDA, fp32 on CPU).
 LOSS_RTOL = {"cuda": 2e-2, "cpu": 1e-3}
@@ -146,6 +152,8 @@ class Variant:
         self.backward: Callable[[Any], None] = lambda loss: loss.backward()
         self.patch: contextlib.AbstractContextManager = contextlib.nullcontext()
         self.captures: Callable[[], int | None] = lambda: None
+        # Our variants: each partition as the partitioner returned it (the model's input).
+        self.partitions: list[tuple[Any, Any]] = []
         if name == "eager":
             self.call = module
         elif name.startswith("inductor@"):
@@ -165,6 +173,7 @@ class Variant:
             self.patch = functorch_flags.patch(**flags)
             self.call = aot_pipeline.compile(module, memory_budget=budget,
                                              solver=flags.get(OURS_FLAGS["solver"], "dp"))
+            self.partitions = _keep_partitions(self.call.recorder)
         elif name.startswith("aot_pipeline@"):
             import aot_pipeline  # noqa: F401 - registers the back end
 
@@ -197,6 +206,33 @@ class Variant:
             raise SystemExit(f"unknown variant {name!r}; choose from {', '.join(VALID_VARIANTS)}")
 
 
+def _keep_partitions(recorder: Any) -> list[tuple[Any, Any]]:
+    """A deep copy of each (forward, backward) our partitioner returns, before Inductor's
+    passes rewrite them: what the compiled-program memory model predicts from."""
+    import copy
+
+    kept: list[tuple[Any, Any]] = []
+    record = recorder.record_forward
+
+    def keep(forward: Any, backward: Any = None, num_fwd_outputs: Any = None) -> None:
+        kept.append((copy.deepcopy(forward), copy.deepcopy(backward)))
+        record(forward, backward, num_fwd_outputs)
+
+    recorder.record_forward = keep
+    return kept
+
+
+def predicted_peak(partitions: list[tuple[Any, Any]], device: Any) -> int | None:
+    """The Inductor memory model's step peak above the inputs (one graph only), with the
+    CUDA caching allocator's 512-byte rounding."""
+    if len(partitions) != 1:
+        return None
+    from aot_partition.fx.inductor_memory import simulate_compiled_partition
+
+    alignment = 512 if device.type == "cuda" else 1
+    return simulate_compiled_partition(*partitions[0], alignment=alignment).peak_above_baseline
+
+
 def parse_ours_variant(name: str) -> tuple[float | str, dict[str, Any]]:
     """``ours@B+key=value...`` -> (memory budget, ``aot_config.functorch`` flags to patch)."""
     from aot_pipeline.options import parse_byte_size, parse_memory_budget
@@ -210,7 +246,15 @@ def parse_ours_variant(name: str) -> tuple[float | str, dict[str, Any]]:
         if not sep or key not in OURS_FLAGS:
             raise ValueError(f"{pair!r} is not key=value with a key from "
                              f"{', '.join(OURS_FLAGS)}")
-        flags[OURS_FLAGS[key]] = parse_byte_size(value) if key == "peak" else value
+        if key == "peak":
+            flags[OURS_FLAGS[key]] = parse_byte_size(value)
+        elif key == "peakfrac":
+            fraction = float(value)
+            if not 0.0 < fraction <= 1.0:
+                raise ValueError(f"peakfrac={value}: a share of the uncapped peak in (0, 1]")
+            flags[OURS_FLAGS[key]] = fraction
+        else:
+            flags[OURS_FLAGS[key]] = value
     return (budget_text if nbytes is not None else fraction), flags
 
 
@@ -258,7 +302,16 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             if device.type == "cuda" and step >= args.warmup:
                 peaks.append(torch.cuda.max_memory_allocated(device) - before)
     timed = times[args.warmup:] or times
+    if device.type != "cuda":  # the CPU's peak: the profiler's allocation events, one step
+        from aot_partition.fx.memory import measure_peak
+
+        idx, targets = data[-1]
+        with variant.patch:
+            peaks.append(measure_peak(lambda: variant.backward(variant.call(idx, targets)),
+                                      device).peak_bytes)
+        optimizer.zero_grad(set_to_none=True)
     return {"model": args.model, "variant": args.variant, "first_step_s": compile_call_s + times[0],
+            "predicted_peak_bytes": predicted_peak(variant.partitions, device),
             "compile_call_s": compile_call_s,
             "median_ms": 1e3 * statistics.median(timed), "min_ms": 1e3 * min(timed),
             "peak_step_bytes": max(peaks) if peaks else None, "losses": losses,
@@ -313,18 +366,20 @@ def render(meta: dict, rows: list[dict], warm: list[dict]) -> str:
     lines = [f"Device: {meta['device']}; torch {meta['torch']}, Python {meta['python']}; "
              f"{meta['date']}. Sizes: {meta['size']}; median of {meta['steps']} steps after "
              f"{meta['warmup']} warm-up steps; each variant in its own process, cold caches.", "",
-             "| model | variant | first step s | median ms | peak step MiB | loss max rel diff "
-             "| captures |", "|---|---|---:|---:|---:|---:|---:|"]
+             "| model | variant | first step s | median ms | peak step MiB | predicted MiB "
+             "| loss max rel diff | captures |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['variant']} | {r['error']} | | | | |")
+            lines.append(f"| {r['model']} | {r['variant']} | {r['error']} | | | | | |")
             continue
-        peak = f"{r['peak_step_bytes'] / 2**20:.0f}" if r.get("peak_step_bytes") else "-"
+        peak = f"{r['peak_step_bytes'] / 2**20:.1f}" if r.get("peak_step_bytes") else "-"
+        predicted = (f"{r['predicted_peak_bytes'] / 2**20:.1f}"
+                     if r.get("predicted_peak_bytes") else "-")
         diff = f"{r['loss_max_rel_diff']:.1e}" if "loss_max_rel_diff" in r else "-"
         mark = "" if r.get("loss_agrees", True) else " (disagrees)"
         captures = "-" if r.get("captures") is None else str(r["captures"])
         lines.append(f"| {r['model']} | {r['variant']} | {r['first_step_s']:.1f} | "
-                     f"{r['median_ms']:.2f} | {peak} | {diff}{mark} | {captures} |")
+                     f"{r['median_ms']:.2f} | {peak} | {predicted} | {diff}{mark} | {captures} |")
     if warm:
         lines += ["", "Warm restart: a second process with the first one's Inductor cache "
                   "(FX graph and AOTAutograd caches).", "",

@@ -27,12 +27,13 @@ class LanguageModelStep:
 
 
 def tiny_gpt(vocab: int = 256, dim: int = 64, layers: int = 1, seq: int = 64,
-             batch: int = 4) -> LanguageModelStep:
+             batch: int = 4, device: str = "cpu") -> LanguageModelStep:
     from aot_pipeline.models import build_model
 
-    module = build_model("gpt", vocab=vocab, dim=dim, heads=4, layers=layers, seq=seq).module
+    module = build_model("gpt", vocab=vocab, dim=dim, heads=4, layers=layers, seq=seq,
+                         device=device).module
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
     return LanguageModelStep(module, (ids, ids.clone()))
 
 

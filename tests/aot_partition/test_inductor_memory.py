@@ -53,6 +53,20 @@ def test_inductor_model_predicts_the_measured_peak(steps, budget):
     assert predicted.end_bytes - predicted.baseline_bytes == measured.end_bytes
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("budget", [1.0, 0.0])
+def test_inductor_model_predicts_the_cuda_peak(budget):
+    """On a GPU: ``max_memory_allocated`` above the memory allocated before the step, Triton
+    kernels, the caching allocator's 512-byte blocks."""
+    step = compile_step(tiny_gpt(vocab=4096, dim=256, layers=2, seq=256, batch=8,
+                                 device="cuda"), budget)
+    step.run()
+    measured = step.measure("cuda")
+    predicted = simulate_compiled_partition(*step.partitions[0], alignment=512)
+    error = (predicted.peak_above_baseline - measured.peak_bytes) / measured.peak_bytes
+    assert abs(error) <= 0.05, (predicted.peak_above_baseline, measured.peak_bytes)
+
+
 def test_eager_model_overestimates_what_inductor_runs(steps):
     """The opposite case, why the compiled model exists: every FX value materialized costs
     far more than Inductor's fused kernels allocate."""

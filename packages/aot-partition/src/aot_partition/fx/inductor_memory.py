@@ -29,6 +29,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from .memory import (
     MemoryTimeline,
@@ -335,14 +336,37 @@ def _label(node: Any) -> str:
     return f"{name} ({origin.name})" if origin is not None else name
 
 
+def _extern_origin(node: Any) -> fx.Node | None:
+    """The FX node an extern kernel calls the op of (its origin of that op)."""
+    op = getattr(node, "op_overload", None)
+    origin = getattr(node, "origin_node", None)
+    if isinstance(origin, fx.Node) and (op is None or origin.target is op):
+        return origin
+    found = [n for n in (getattr(node, "origins", None) or ())
+             if isinstance(n, fx.Node) and op is not None and n.target is op]
+    return found[0] if len(found) == 1 else None
+
+
 def _extern_workspace(node: Any) -> list[Event]:
-    """The workspace event of an extern kernel whose FX op can be measured (none if 0)."""
+    """The workspace event of an extern kernel whose op can be measured (none if 0): its FX
+    op run on tensors laid out as the kernel's inputs are (Inductor may have made them
+    channels-last, which changes what a library reorders)."""
     from .memory import profiled_workspace
 
-    origin = getattr(node, "origin_node", None)
-    if not isinstance(origin, fx.Node) or "val" not in origin.meta:
+    origin = _extern_origin(node)
+    if origin is None or "val" not in origin.meta:
         return []
-    nbytes = profiled_workspace(origin)
+    leaves = [a for a in pytree.tree_leaves((origin.args, origin.kwargs))
+              if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+    inputs = [x for x in getattr(node, "inputs", ()) if hasattr(x, "get_stride")]
+    strides: dict[fx.Node, tuple[int, ...]] = {}
+    if len(leaves) == len(inputs):
+        for leaf, ir_input in zip(leaves, inputs):
+            try:
+                strides[leaf] = tuple(int(s) for s in ir_input.get_stride())
+            except Exception:  # a symbolic stride: the value's own
+                continue
+    nbytes = profiled_workspace(origin, strides)
     return [Workspace(_label(node), nbytes)] if nbytes else []
 
 
@@ -675,15 +699,13 @@ def simulate_compiled_partition(
     static_input_indices: Iterable[int] | None = None,
     hold_outputs: bool = True,
     alignment: int = 1,
-    workspace: bool = False,
+    workspace: bool = True,
 ) -> MemoryTimeline:
     """The memory timeline of one step as Inductor compiles the two graphs (forward, then
     backward): ``simulate_partition``'s step with Inductor's buffers in place of the graphs'
     values. ``alignment``: 512 for the CUDA caching allocator. ``workspace``: add what extern
-    kernels allocate inside, measured once per op signature by running the FX op on random
-    tensors with the graph's strides (Inductor may call it with other layouts: a convolution
-    measured contiguous reorders more than the channels-last one Inductor runs; off by
-    default)."""
+    kernels (oneDNN and cuDNN convolutions, attention) allocate inside, measured once per op
+    and layout by running the op on random tensors laid out as the kernel's inputs."""
     owner = fw if isinstance(fw, fx.GraphModule) else None
     return lower_partition(fw, bw, owner, workspace=workspace).timeline(
         num_static_inputs=num_static_inputs, static_input_indices=static_input_indices,

@@ -786,19 +786,24 @@ def _measure_cuda(step: Callable[[], Any], device: torch.device, *,
 _workspace_cache: dict[Any, int] = {}
 
 
-def profiled_workspace(node: fx.Node) -> int:
+def profiled_workspace(node: fx.Node,
+                       strides: dict[fx.Node, tuple[int, ...]] | None = None) -> int:
     """Bytes ``node``'s op allocates and frees inside its kernel, beyond its outputs: its peak
     allocation while running minus what it leaves allocated. Measured once per op and argument
     signature (shapes, strides, dtypes) by running it on random tensors; 0 for views and for
-    anything that cannot run (an op with data-dependent requirements)."""
+    anything that cannot run (an op with data-dependent requirements). ``strides``: the
+    layout an argument really arrives with, where it is not its value's (a compiler's
+    channels-last convolution input: oneDNN reorders what is not)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or any(
             r.alias_info is not None for r in target._schema.returns):
         return 0
-    key = (target, _signature((node.args, node.kwargs)))
+    strides = strides or {}
+    key = (target, _signature((node.args, node.kwargs)),
+           tuple(sorted((a.name, s) for a, s in strides.items())))
     if key not in _workspace_cache:
         try:
-            _workspace_cache[key] = _measure_workspace(node)
+            _workspace_cache[key] = _measure_workspace(node, strides)
         except Exception as exc:  # e.g. an op that rejects random arguments
             log.debug("workspace of %s not measurable: %s", node.name, exc)
             _workspace_cache[key] = 0
@@ -810,7 +815,7 @@ def clear_workspace_cache() -> None:
     _workspace_cache.clear()
 
 
-def _measure_workspace(node: fx.Node) -> int:
+def _measure_workspace(node: fx.Node, strides: dict[fx.Node, tuple[int, ...]]) -> int:
     vals = [node.meta.get("val"), *(a.meta.get("val") for a in node.all_input_nodes)]
     on_cuda = any(isinstance(v, torch.Tensor) and v.is_cuda for v in pytree.tree_leaves(vals))
     device = torch.device("cuda") if on_cuda else torch.device("cpu")
@@ -820,8 +825,14 @@ def _measure_workspace(node: fx.Node) -> int:
     # fork_rng: a random op must not shift the user's generator.
     with real_kernels(), torch.no_grad(), torch.random.fork_rng(
             devices=[torch.cuda.current_device()] if on_cuda else []):
-        args, kwargs = pytree.tree_map_only(
-            fx.Node, lambda a: example_value(a.meta.get("val"), device), (node.args, node.kwargs))
+        def value(a: fx.Node) -> Any:
+            made = example_value(a.meta.get("val"), device)
+            if a in strides and isinstance(made, torch.Tensor):
+                made = torch.empty_strided(made.shape, strides[a], dtype=made.dtype,
+                                           device=device).copy_(made)
+            return made
+
+        args, kwargs = pytree.tree_map_only(fx.Node, value, (node.args, node.kwargs))
         check_real_tensors((args, kwargs), f"measuring the workspace of {node.name}")
 
         def run() -> Any:

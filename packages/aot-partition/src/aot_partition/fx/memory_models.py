@@ -69,10 +69,15 @@ class Priced:
 def price_partition(fw: fx.Graph, bw: fx.Graph, model: str, *,
                     static_input_indices: Iterable[int] | None = None,
                     owner: torch.nn.Module | None = None, alignment: int = 1) -> Priced:
-    """The step's memory timeline under ``model`` (``"eager"`` or ``"inductor"``)."""
+    """The step's memory timeline under ``model`` (``"eager"`` or ``"inductor"``). The
+    Inductor model counts what its extern kernels (convolutions, attention) allocate inside,
+    measured once per op signature, on one rank; on many ranks it leaves them out, so every
+    rank prices a cut the same (spmd.py: no measurement may differ between ranks)."""
     if model == "inductor":
+        from .spmd import multi_rank
+
         try:
-            step = lower_partition(fw, bw, owner)
+            step = lower_partition(fw, bw, owner, workspace=not multi_rank())
             return Priced(step.timeline(static_input_indices=static_input_indices,
                                         alignment=alignment), "inductor")
         except InductorMemoryError as error:

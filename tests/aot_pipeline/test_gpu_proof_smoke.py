@@ -1,0 +1,40 @@
+"""benchmarks/gpu_proof.sh, the one call a lent GPU runs, keeps running: on CPU at tiny sizes
+(what CI can run), end to end, with both tables written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.slow
+def test_the_gpu_proof_runs_end_to_end_on_cpu(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path))
+    done = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_proof.sh"), "--device",
+                           "cpu", "--size", "tiny"], capture_output=True, text=True, env=env,
+                          timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    memory = json.loads((tmp_path / "compiled_memory_bench.json").read_text())
+    assert memory["summary"]["cells"] == 2
+    assert memory["summary"]["worst_error_pct"] <= 5.0
+    assert memory["summary"]["caps_held"] == 1
+    train = json.loads((tmp_path / "gpu_train_bench.json").read_text())
+    rows = {row["variant"]: row for row in train["rows"]}
+    assert set(rows) == {"eager", "inductor@0.5", "ours@1.0+peakfrac=0.8"}
+    assert all(row.get("loss_agrees") for row in rows.values()), rows
+    ours = rows["ours@1.0+peakfrac=0.8"]
+    assert ours["predicted_peak_bytes"] and ours["peak_step_bytes"]
+    assert "| gpt2 | ours@1.0+peakfrac=0.8 |" in (tmp_path / "gpu_train_bench.md").read_text()
+
+
+def test_a_bad_argument_is_refused():
+    done = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_proof.sh"), "--size",
+                           "huge"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "gpu_proof.sh: --size must be full or tiny"
