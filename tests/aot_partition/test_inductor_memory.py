@@ -90,10 +90,16 @@ def test_auto_is_inductor_only_while_inductor_partitions(monkeypatch):
     assert resolve_memory_model("auto") == "eager"
     assert resolve_memory_model("eager") == "eager"
     assert resolve_memory_model("inductor") == "inductor"
-    import torch._inductor.config as inductor_config
+    import sys
+    import types
 
-    monkeypatch.setattr(inductor_config, "custom_partitioner_fn", object())
+    # Inductor's config as it is while Inductor partitions with ours (its patch active); a
+    # stand-in module, so the real config's own attribute machinery is left alone.
+    partitioning = types.SimpleNamespace(custom_partitioner_fn=object())
+    monkeypatch.setitem(sys.modules, "torch._inductor.config", partitioning)
     assert resolve_memory_model("auto") == "inductor"
+    partitioning.custom_partitioner_fn = None
+    assert resolve_memory_model("auto") == "eager"
     with pytest.raises(ValueError, match="unknown memory model 'fused'; choose one of auto, "
                                          "eager, inductor"):
         resolve_memory_model("fused")

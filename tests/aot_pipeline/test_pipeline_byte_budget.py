@@ -90,8 +90,8 @@ def test_cli_checks_a_size_before_importing_torch():
     assert json.loads(result.stdout) == [2, False]
     assert result.stderr.strip() == (
         "aot-pipeline: error: argument --memory-budget: memory_budget must be a fraction in "
-        "[0, 1] (e.g. 0.5) or a size with a unit (e.g. '300MiB'; units: B, kB, MB, GB, TB, KiB, "
-        "MiB, GiB, TiB), got '300 furlongs'")
+        "[0, 1] (e.g. 0.5), a size with a unit (e.g. '300MiB'; units: B, kB, MB, GB, TB, KiB, "
+        "MiB, GiB, TiB) or a peak cap (e.g. '20GiB peak' or '0.8 peak'), got '300 furlongs'")
 
 
 def _mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:

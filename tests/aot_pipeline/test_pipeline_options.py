@@ -70,7 +70,8 @@ def test_backend_options_unknown_key_names_the_valid_ones():
     model = torch.compile(nn.Linear(2, 2), backend="aot_pipeline", options={"budget": 0.5})
     with pytest.raises(Exception, match="unknown aot_pipeline option.*'budget'.*valid options "
                        "are compiled_autograd, compiler, defer_full_gc, memory_budget, "
-                       "memory_budget_best_effort, memory_budget_bytes, solver"):
+                       "memory_budget_best_effort, memory_budget_bytes, memory_peak_bytes, "
+                       "memory_peak_fraction, solver"):
         model(torch.randn(1, 2))
 
 
@@ -103,7 +104,8 @@ def test_from_mapping_overrides_only_what_is_given():
 
 NON_STRING_NAMES = ("aot_pipeline option names must be strings, got 1; valid options are "
                     "compiled_autograd, compiler, defer_full_gc, memory_budget, "
-                    "memory_budget_best_effort, memory_budget_bytes, solver and "
+                    "memory_budget_best_effort, memory_budget_bytes, memory_peak_bytes, "
+                    "memory_peak_fraction, solver and "
                     "torch._inductor.config "
                     "settings")
 
