@@ -124,7 +124,7 @@ def test_the_report_names_a_fraction(gpt):
     assert _first_line(report).startswith("memory budget 0.5, solver ")
     assert decisions_page("min_cut", report)["budget"] == {
         "kind": "fraction", "fraction": 0.5, "saved_bytes_cap": None, "peak_cap": None,
-        "regions": [], "source": None, "describe": "memory budget 0.5"}
+        "peak_fraction": None, "regions": [], "source": None, "describe": "memory budget 0.5"}
 
 
 def test_the_report_names_a_byte_cap_never_a_fraction(gpt):

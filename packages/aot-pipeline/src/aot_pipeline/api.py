@@ -89,8 +89,11 @@ def compile(  # noqa: A001 - mirrors torch.compile
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
-    ``memory_budget`` in [0, 1] is the fraction of activations the forward may save, or a
-    size such as ``"300MiB"``: a cap on the saved activation bytes (``solver`` picks the knapsack solver: dp, greedy, ilp, ilp_graph, dp_graph); ``compiler``
+    ``memory_budget`` in [0, 1] is the fraction of activations the forward may save, a
+    size such as ``"300MiB"``: a cap on the saved activation bytes, or a peak cap such as
+    ``"20GiB peak"`` (the step's modelled peak, inputs included) or ``"0.8 peak"`` (a share of
+    the uncapped peak); under dynamic shapes a cap is guarded at every shape (``solver`` picks
+    the knapsack solver: dp, greedy, ilp, ilp_graph, dp_graph); ``compiler``
     compiles forward and backward (inductor, nop, debug_nop, print_compile, ts_compile);
     ``compiled_autograd`` runs ``CompiledModel.backward`` through our compiled autograd;
     ``dynamic`` is torch.compile's. ``mode`` ("default", "reduce-overhead", "max-autotune",

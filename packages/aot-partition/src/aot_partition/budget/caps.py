@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
@@ -511,6 +512,16 @@ class SimulatedPeak:
         return "Inductor-modelled memory" if self.model == "inductor" else "simulated memory"
 
     @property
+    def alignment(self) -> int:
+        """Allocation granularity of the joint's device: 512 bytes for CUDA's caching
+        allocator (what ``max_memory_allocated`` counts), 1 elsewhere."""
+        for node in self.joint_module.graph.find_nodes(op="placeholder"):
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                return 512 if val.device.type == "cuda" else 1
+        return 1
+
+    @property
     def input_bytes(self) -> int:
         """Bytes of the step's forward inputs (each storage once): alive before the step."""
         if self._input_bytes is None:
@@ -548,7 +559,8 @@ class SimulatedPeak:
         if key not in self._eager:
             cut = self._cut(saved)
             self._eager[key] = simulate_partition(
-                cut.fw, cut.bw, static_input_indices=self.static_input_indices).peak_bytes
+                cut.fw, cut.bw, static_input_indices=self.static_input_indices,
+                alignment=self.alignment).peak_bytes
         return self._eager[key]
 
     @property
@@ -609,7 +621,7 @@ class SimulatedPeak:
         cut = self._cut(saved)
         priced = price_partition(cut.fw, cut.bw, self.model,
                                  static_input_indices=self.static_input_indices,
-                                 owner=self.joint_module)
+                                 owner=self.joint_module, alignment=self.alignment)
         if priced.fallback is not None:
             self.fallbacks.append(priced.fallback)
         timeline = priced.timeline
