@@ -223,39 +223,58 @@ def _keep_partitions(recorder: Any) -> list[tuple[Any, Any]]:
 
 
 def predicted_peak(partitions: list[tuple[Any, Any]], device: Any) -> int | None:
-    """The Inductor memory model's step peak above the inputs (one graph only), with the
-    CUDA caching allocator's 512-byte rounding."""
+    """The Inductor memory model's step peak above the inputs (one graph only), in the CUDA
+    caching allocator's blocks on CUDA."""
     if len(partitions) != 1:
         return None
     from aot_partition.fx.inductor_memory import simulate_compiled_partition
 
-    alignment = 512 if device.type == "cuda" else 1
-    return simulate_compiled_partition(*partitions[0], alignment=alignment).peak_above_baseline
+    allocator = "cuda" if device.type == "cuda" else None
+    return simulate_compiled_partition(*partitions[0], allocator=allocator).peak_above_baseline
+
+
+def _unreachable_cap(error: BaseException) -> Any:
+    """The UnreachableMemoryBudgetError a failed compile wraps, or None."""
+    from aot_partition import UnreachableMemoryBudgetError
+
+    sys.path.insert(0, HERE)
+    try:
+        from compiled_memory_bench import unreachable_in
+    finally:
+        sys.path.remove(HERE)
+    return unreachable_in(error, UnreachableMemoryBudgetError)
 
 
 def parse_ours_variant(name: str) -> tuple[float | str, dict[str, Any]]:
-    """``ours@B+key=value...`` -> (memory budget, ``aot_config.functorch`` flags to patch)."""
+    """``ours@B+key=value...`` -> (``aot_pipeline.compile``'s memory budget, the
+    ``aot_config.functorch`` flags to patch). A peak cap (``peak``, ``peakfrac``) becomes the
+    budget itself (``"6GiB peak"``, ``"0.8 peak"``): the pipeline sets the partitioner's
+    peak flags from its budget, so a patched flag would be overridden."""
     from aot_pipeline.options import parse_byte_size, parse_memory_budget
 
     head, *pairs = name.split("+")
     budget_text = head.split("@", 1)[1]
     fraction, nbytes = parse_memory_budget(budget_text)
+    budget: float | str = budget_text if nbytes is not None else fraction
     flags: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in OURS_FLAGS:
             raise ValueError(f"{pair!r} is not key=value with a key from "
                              f"{', '.join(OURS_FLAGS)}")
-        if key == "peak":
-            flags[OURS_FLAGS[key]] = parse_byte_size(value)
-        elif key == "peakfrac":
-            fraction = float(value)
-            if not 0.0 < fraction <= 1.0:
-                raise ValueError(f"peakfrac={value}: a share of the uncapped peak in (0, 1]")
-            flags[OURS_FLAGS[key]] = fraction
+        if key in ("peak", "peakfrac"):
+            if budget != 1.0:
+                raise ValueError(f"{pair!r}: a peak cap is the whole budget; write ours@1.0+{pair}")
+            if key == "peak":
+                budget = f"{parse_byte_size(value)} peak"
+            else:
+                share = float(value)
+                if not 0.0 < share <= 1.0:
+                    raise ValueError(f"peakfrac={value}: a share of the uncapped peak in (0, 1]")
+                budget = f"{share} peak"
         else:
             flags[OURS_FLAGS[key]] = value
-    return (budget_text if nbytes is not None else fraction), flags
+    return budget, flags
 
 
 def is_valid_variant(name: str) -> bool:
@@ -292,8 +311,16 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             start = time.perf_counter()
-            loss = variant.call(idx, targets)
-            variant.backward(loss)
+            try:
+                loss = variant.call(idx, targets)
+                variant.backward(loss)
+            except Exception as error:  # a cap no cut reaches fails the compile, aloud
+                unreachable = _unreachable_cap(error)
+                if unreachable is None:
+                    raise
+                return {"model": args.model, "variant": args.variant,
+                        "error": f"unreachable: least peak {unreachable.least / 2**20:.1f} MiB",
+                        "unreachable": True, "least_peak_bytes": unreachable.least}
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             sync()
@@ -331,8 +358,11 @@ def run_child(args: argparse.Namespace, model: str, variant: str, cache_dir: str
     os.makedirs(cache_dir, exist_ok=True)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
     out = cache_dir + ".json"
-    completed = subprocess.run(child_command(args, model, variant, out), env=env,
-                               timeout=args.timeout, check=False)
+    try:
+        completed = subprocess.run(child_command(args, model, variant, out), env=env,
+                                   timeout=args.timeout, check=False)
+    except subprocess.TimeoutExpired:  # one slow variant must not cost the rows after it
+        return {"model": model, "variant": variant, "error": f"over {args.timeout:.0f} s"}
     if completed.returncode != 0:
         return {"model": model, "variant": variant, "error": f"exit {completed.returncode}"}
     with open(out) as f:
@@ -472,7 +502,9 @@ def main(argv: list[str] | None = None) -> None:
                                  "warm_first_step_s": statistics.median(seconds),
                                  "warm_samples_s": seconds})
     print(write_outputs(args, rows, warm))
-    failed = [r for r in rows if "error" in r or r.get("loss_agrees") is False]
+    # An unreachable cap is an answer (the compile failed aloud, naming the least peak).
+    failed = [r for r in rows if ("error" in r and not r.get("unreachable"))
+              or r.get("loss_agrees") is False]
     if failed:
         raise SystemExit(f"{len(failed)} runs failed or disagree with eager: "
                          + ", ".join(f"{r['model']}/{r['variant']}" for r in failed))

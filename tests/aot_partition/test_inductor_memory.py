@@ -57,12 +57,12 @@ def test_inductor_model_predicts_the_measured_peak(steps, budget):
 @pytest.mark.parametrize("budget", [1.0, 0.0])
 def test_inductor_model_predicts_the_cuda_peak(budget):
     """On a GPU: ``max_memory_allocated`` above the memory allocated before the step, Triton
-    kernels, the caching allocator's 512-byte blocks."""
+    kernels, the caching allocator's blocks."""
     step = compile_step(tiny_gpt(vocab=4096, dim=256, layers=2, seq=256, batch=8,
                                  device="cuda"), budget)
     step.run()
     measured = step.measure("cuda")
-    predicted = simulate_compiled_partition(*step.partitions[0], alignment=512)
+    predicted = simulate_compiled_partition(*step.partitions[0], allocator="cuda")
     error = (predicted.peak_above_baseline - measured.peak_bytes) / measured.peak_bytes
     assert abs(error) <= 0.05, (predicted.peak_above_baseline, measured.peak_bytes)
 

@@ -68,5 +68,11 @@ def test_ours_variant_names_budget_and_flags():
     assert parse("ours@0.4+est=roofline+solver=ilp_graph") == (0.4, {
         "activation_memory_budget_runtime_estimator": "roofline",
         "activation_memory_budget_solver": "ilp_graph"})
-    assert parse("ours@1.0+peak=6GB") == (1.0, {"activation_memory_peak_bytes": 6 * 10**9})
+    # a peak cap is the pipeline's budget: a patched peak flag would be overridden by it
+    assert parse("ours@1.0+peak=6GB") == ("6000000000 peak", {})
+    assert parse("ours@1.0+peakfrac=0.8+est=roofline") == (
+        "0.8 peak", {"activation_memory_budget_runtime_estimator": "roofline"})
+    with pytest.raises(ValueError, match=r"'peak=6GB': a peak cap is the whole budget; "
+                                         r"write ours@1.0\+peak=6GB"):
+        parse("ours@0.5+peak=6GB")
     assert parse("ours@300MiB") == ("300MiB", {})

@@ -515,11 +515,17 @@ class SimulatedPeak:
     def alignment(self) -> int:
         """Allocation granularity of the joint's device: 512 bytes for CUDA's caching
         allocator (what ``max_memory_allocated`` counts), 1 elsewhere."""
+        return 512 if self.allocator == "cuda" else 1
+
+    @property
+    def allocator(self) -> str | None:
+        """"cuda" when the joint runs on CUDA: peaks are counted in the caching allocator's
+        blocks, as ``max_memory_allocated`` counts them (fx/caching_allocator.py)."""
         for node in self.joint_module.graph.find_nodes(op="placeholder"):
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
-                return 512 if val.device.type == "cuda" else 1
-        return 1
+                return "cuda" if val.device.type == "cuda" else None
+        return None
 
     @property
     def input_bytes(self) -> int:
@@ -560,7 +566,7 @@ class SimulatedPeak:
             cut = self._cut(saved)
             self._eager[key] = simulate_partition(
                 cut.fw, cut.bw, static_input_indices=self.static_input_indices,
-                alignment=self.alignment).peak_bytes
+                alignment=self.alignment, allocator=self.allocator).peak_bytes
         return self._eager[key]
 
     @property
@@ -621,7 +627,8 @@ class SimulatedPeak:
         cut = self._cut(saved)
         priced = price_partition(cut.fw, cut.bw, self.model,
                                  static_input_indices=self.static_input_indices,
-                                 owner=self.joint_module, alignment=self.alignment)
+                                 owner=self.joint_module, alignment=self.alignment,
+                                 allocator=self.allocator)
         if priced.fallback is not None:
             self.fallbacks.append(priced.fallback)
         timeline = priced.timeline

@@ -626,11 +626,13 @@ class StepMemory:
     def timeline(self, *, num_static_inputs: int | None = None,
                  static_input_indices: Iterable[int] | None = None,
                  hold_outputs: bool = True, alignment: int = 1,
-                 size_of: SizeOf | None = None) -> MemoryTimeline:
-        """The step's memory timeline at the traced shapes (or at ``size_of``'s)."""
+                 size_of: SizeOf | None = None, allocator: str | None = None
+                 ) -> MemoryTimeline:
+        """The step's memory timeline at the traced shapes (or at ``size_of``'s);
+        ``allocator="cuda"`` counts the CUDA caching allocator's blocks (memory.py)."""
         size_of = size_of if size_of is not None else hinted_sizes(self.shape_env)
         layout = _layout(self.fw, self.bw)
-        mem = _Memory(alignment)
+        mem = _Memory(alignment, allocator)
         fw_values = _forward_inputs(mem, self.fw, num_static_inputs, static_input_indices)
         _resize(fw_values, size_of)
         for value in fw_values:
@@ -700,13 +702,16 @@ def simulate_compiled_partition(
     hold_outputs: bool = True,
     alignment: int = 1,
     workspace: bool = True,
+    allocator: str | None = None,
 ) -> MemoryTimeline:
     """The memory timeline of one step as Inductor compiles the two graphs (forward, then
     backward): ``simulate_partition``'s step with Inductor's buffers in place of the graphs'
-    values. ``alignment``: 512 for the CUDA caching allocator. ``workspace``: add what extern
+    values. ``alignment``: allocation granularity; ``allocator="cuda"``: the blocks the CUDA
+    caching allocator hands out, as ``max_memory_allocated`` counts them (simulate_partition).
+    ``workspace``: add what extern
     kernels (oneDNN and cuDNN convolutions, attention) allocate inside, measured once per op
     and layout by running the op on random tensors laid out as the kernel's inputs."""
     owner = fw if isinstance(fw, fx.GraphModule) else None
     return lower_partition(fw, bw, owner, workspace=workspace).timeline(
         num_static_inputs=num_static_inputs, static_input_indices=static_input_indices,
-        hold_outputs=hold_outputs, alignment=alignment)
+        hold_outputs=hold_outputs, alignment=alignment, allocator=allocator)

@@ -206,6 +206,10 @@ class _Buffer:
         return "temporary"
 
 
+# How blocks are counted: None, each buffer's bytes (rounded to ``alignment``); "cuda", as the
+# CUDA caching allocator hands them out (caching_allocator.py: rounding, unsplit blocks).
+ALLOCATORS = (None, "cuda")
+
 # A value: (fake storage key or None, buffer) per tensor it holds (tuples hold several).
 _Value = list[tuple[int | None, _Buffer]]
 
@@ -223,8 +227,13 @@ class _RawStep:
 class _Memory:
     """Live buffers, reference counted by the values (and callers) holding them."""
 
-    def __init__(self, alignment: int) -> None:
-        self.alignment = max(1, alignment)
+    def __init__(self, alignment: int, allocator: str | None = None) -> None:
+        if allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {', '.join(map(repr, ALLOCATORS))}, "
+                             f"got {allocator!r}")
+        # The CUDA caching allocator rounds every request to 512 bytes (and more: see _timeline)
+        self.alignment = max(1, alignment, 512 if allocator == "cuda" else 1)
+        self.allocator = allocator
         self.buffers: list[_Buffer] = []
         self.raw: list[_RawStep] = []
         self._pending_alloc: list[_Buffer] = []
@@ -469,6 +478,7 @@ def simulate_partition(
     alignment: int = 1,
     workspace: WorkspaceFn | str | None = None,
     materialized: Materialized | None = None,
+    allocator: str | None = None,
 ) -> MemoryTimeline:
     """Simulate one training step's memory: the forward, then the backward.
 
@@ -477,8 +487,10 @@ def simulate_partition(
     ``static_lifetime_input_indices``) say which inputs are "parameter"; both only label
     buffers, every forward input is held by the caller to the end. ``hold_outputs=False``
     drops the user outputs when the forward returns (a caller that only keeps the loss
-    graph). ``alignment``: allocation granularity (512 for the CUDA caching allocator).
-    ``workspace``: bytes each op allocates and frees inside its kernel (oneDNN convolutions
+    graph). ``alignment``: allocation granularity. ``allocator="cuda"``: count the blocks the
+    CUDA caching allocator hands out (512-byte rounding, and cached blocks handed out whole
+    when too little would remain to split), as ``max_memory_allocated`` does, in a training
+    loop's steady state. ``workspace``: bytes each op allocates and frees inside its kernel (oneDNN convolutions
     on CPU), added to that step's high-water mark; ``"profile"`` measures each distinct op
     once (``profiled_workspace``), a callable ``node -> bytes`` supplies them, None ignores
     them (a pure fx-level model). ``materialized(phase, node)``: whether a call node gets a
@@ -489,7 +501,7 @@ def simulate_partition(
     if isinstance(ws, str):
         raise ValueError(f"workspace must be None, 'profile' or a callable, got {workspace!r}")
     layout = _layout(fw, bw)
-    mem = _Memory(alignment)
+    mem = _Memory(alignment, allocator)
     fw_values = _forward_inputs(mem, fw, num_static_inputs, static_input_indices)
     for value in fw_values:
         mem.hold(value)  # the caller's reference, kept to the end of the step
@@ -547,6 +559,7 @@ def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> Memory
     for buf in inputs.values():
         by_kind[buf.kind()] += buf.nbytes
     baseline = sum(b.nbytes for b in inputs.values())
+    blocks = _allocator_marks(mem, inputs) if mem.allocator == "cuda" else None
     total, peak, peak_step = baseline, baseline, 0
     steps: list[MemoryStep] = []
     for index, raw in enumerate(mem.raw):
@@ -554,12 +567,14 @@ def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> Memory
         for buf in raw.allocated:
             by_kind[buf.kind()] += buf.nbytes
         high = total + allocated + raw.workspace
-        if high > peak:
-            peak, peak_step = high, index
         freed = sum(b.nbytes for b in raw.freed)
         for buf in raw.freed:
             by_kind[buf.kind()] -= buf.nbytes
         total = high - raw.workspace - freed
+        if blocks is not None:  # the blocks the allocator hands out, not the buffers' bytes
+            high, total = baseline + blocks[index][0], baseline + blocks[index][1]
+        if high > peak:
+            peak, peak_step = high, index
         high_kinds = {k: v for k, v in by_kind.items() if v}
         if raw.workspace:
             high_kinds["workspace"] = raw.workspace
@@ -573,6 +588,16 @@ def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> Memory
         parameter_bytes=sum(b.nbytes for b in inputs.values() if b.origin == "parameter"),
         saved_bytes=saved_bytes, end_bytes=total, transfers=list(mem.transfers),
         peak_expressions=peak_expressions(mem, list(inputs.values())))
+
+
+def _allocator_marks(mem: _Memory, inputs: dict[int, _Buffer]) -> list[tuple[int, int]]:
+    """Each step's high and after-free bytes above the inputs, as the CUDA caching allocator
+    counts them in a loop's steady state (caching_allocator.replay)."""
+    from .caching_allocator import StepEvents, replay
+
+    return replay([StepEvents(tuple((b.id, b.nbytes) for b in raw.allocated), raw.workspace,
+                              tuple(b.id for b in raw.freed if b.id not in inputs))
+                   for raw in mem.raw])
 
 
 def _live_at(mem: _Memory, inputs: dict[int, _Buffer], index: int) -> list[LiveBuffer]:
@@ -626,6 +651,8 @@ class MeasuredMemory:
     end_bytes: int
     device: str
     method: str  # "profiler" (CPU allocation events) or "cuda" (max_memory_allocated)
+    # CUDA: the peak of the bytes requested (before the caching allocator's blocks)
+    requested_peak_bytes: int | None = None
 
 
 def _hinted(shape: Iterable[Any]) -> list[int]:
@@ -771,13 +798,17 @@ def _measure_cuda(step: Callable[[], Any], device: torch.device, *,
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
+    requested_before = torch.cuda.memory_stats(device).get("requested_bytes.all.current")
     with torch.set_grad_enabled(grad):
         kept = step()
     torch.cuda.synchronize(device)
     peak = torch.cuda.max_memory_allocated(device) - before
     end = torch.cuda.memory_allocated(device) - before
+    requested_peak = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
     del kept
-    return MeasuredMemory(peak, end, str(device), "cuda")
+    requested = (None if requested_before is None or requested_peak is None
+                 else requested_peak - requested_before)
+    return MeasuredMemory(peak, end, str(device), "cuda", requested)
 
 
 

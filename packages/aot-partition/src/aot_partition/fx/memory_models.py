@@ -68,27 +68,29 @@ class Priced:
 
 def price_partition(fw: fx.Graph, bw: fx.Graph, model: str, *,
                     static_input_indices: Iterable[int] | None = None,
-                    owner: torch.nn.Module | None = None, alignment: int = 1) -> Priced:
+                    owner: torch.nn.Module | None = None, alignment: int = 1,
+                    allocator: str | None = None) -> Priced:
     """The step's memory timeline under ``model`` (``"eager"`` or ``"inductor"``). The
     Inductor model counts what its extern kernels (convolutions, attention) allocate inside,
     measured once per op signature, on one rank; on many ranks it leaves them out, so every
-    rank prices a cut the same (spmd.py: no measurement may differ between ranks)."""
+    rank prices a cut the same (spmd.py: no measurement may differ between ranks).
+    ``allocator="cuda"`` counts the CUDA caching allocator's blocks (memory.simulate_partition)."""
     if model == "inductor":
         from .spmd import multi_rank
 
         try:
             step = lower_partition(fw, bw, owner, workspace=not multi_rank())
             return Priced(step.timeline(static_input_indices=static_input_indices,
-                                        alignment=alignment), "inductor")
+                                        alignment=alignment, allocator=allocator), "inductor")
         except InductorMemoryError as error:
             reason = str(error)
             message = f"{reason}; the eager (unfused) model prices this cut instead"
             log.warning("%s", message)
             warnings.warn(message, MemoryModelFallbackWarning, stacklevel=2)
             return Priced(memory.simulate_partition(
-                fw, bw, static_input_indices=static_input_indices, alignment=alignment),
-                "eager", reason)
+                fw, bw, static_input_indices=static_input_indices, alignment=alignment,
+                allocator=allocator), "eager", reason)
     if model != "eager":
         raise ValueError(f"price_partition: model must be 'eager' or 'inductor', got {model!r}")
     return Priced(memory.simulate_partition(fw, bw, static_input_indices=static_input_indices,
-                                            alignment=alignment), "eager")
+                                            alignment=alignment, allocator=allocator), "eager")
