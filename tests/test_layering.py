@@ -151,7 +151,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
      "fx.regions"),
     # runtime estimates, the memory simulator and the compiled-program (Inductor) model
     ("fx.estimators", "fx.roofline", "fx.memory", "fx.offload", "fx.inductor_memory",
-     "fx.memory_models"),
+     "fx.memory_models", "fx.caching_allocator"),
     # budget/: the memory-budget search
     ("budget", "budget.search"),
     # budgets in bytes or a peak, per-region budgets, the reference check

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
@@ -62,6 +64,35 @@ def test_package_layout(dist):
     assert len(readme.splitlines()) > 10, f"{dist}/README.md is a stub"
     version = tomllib.loads((pkg / "pyproject.toml").read_text())["project"]["version"]
     assert version.count(".") == 2
+    changelog = (pkg / "CHANGELOG.md").read_text()
+    assert f"## {version}" in changelog, f"{dist}/CHANGELOG.md has no entry for {version}"
+
+
+def _requirements(dist: str) -> list[Requirement]:
+    meta = tomllib.loads((ROOT / "packages" / dist / "pyproject.toml").read_text())["project"]
+    extras = [r for group in meta.get("optional-dependencies", {}).values() for r in group]
+    return [Requirement(r) for r in [*meta["dependencies"], *extras]]
+
+
+def _version(dist: str) -> str:
+    meta = tomllib.loads((ROOT / "packages" / dist / "pyproject.toml").read_text())
+    return meta["project"]["version"]
+
+
+@pytest.mark.parametrize("dist", sorted(PACKAGES))
+def test_siblings_are_pinned_to_versions_that_work_together(dist):
+    """Each requirement on a sibling has a lower bound the sibling's version meets and an
+    upper bound below its next minor version: a pip user gets versions released together."""
+    for req in _requirements(dist):
+        if req.name not in PACKAGES:
+            continue
+        sibling = Version(_version(req.name))
+        lower = [Version(s.version) for s in req.specifier if s.operator == ">="]
+        upper = [Version(s.version) for s in req.specifier if s.operator == "<"]
+        assert lower and upper, f"{dist}: {req} needs a >= and a < bound"
+        assert sibling in req.specifier, f"{dist}: {req} excludes {req.name} {sibling}"
+        assert upper[0] <= Version(f"{sibling.major}.{sibling.minor + 1}"), (
+            f"{dist}: {req} admits {req.name} versions of a later minor series")
 
 
 def test_partition_imports_without_compilers_autograd_or_pipeline():

@@ -46,8 +46,9 @@ def test_unknown_variant_is_refused_before_any_run(tmp_path):
     ("ours@0.3+foo=1", "variant 'ours@0.3+foo=1': 'foo=1' is not key=value with a key from "
                        "est, solver, peak"),
     ("ours@1.3", "variant 'ours@1.3': memory_budget must be in [0, 1]"),
-    ("ours@0.5+peak=lots", "variant 'ours@0.5+peak=lots': cannot read size 'lots': write a number and a unit"),
-    ("ours@0.5+peak=0.5", "variant 'ours@0.5+peak=0.5': cannot read size '0.5': write a number and a unit"),
+    ("ours@1.0+peak=lots", "variant 'ours@1.0+peak=lots': cannot read size 'lots': write a number and a unit"),
+    ("ours@1.0+peak=0.5", "variant 'ours@1.0+peak=0.5': cannot read size '0.5': write a number and a unit"),
+    ("ours@0.5+peak=6GB", "variant 'ours@0.5+peak=6GB': 'peak=6GB': a peak cap is the whole budget; write ours@1.0+peak=6GB"),
 ])
 def test_bad_partitioner_flags_are_refused_before_any_run(tmp_path, variant, message):
     script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")

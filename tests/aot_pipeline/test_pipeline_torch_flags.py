@@ -129,3 +129,101 @@ def test_compile_with_a_budget_under_torchs_different_flag_is_a_conflict():
         model(*case.inputs)
     assert isinstance(getattr(info.value, "inner_exception", info.value), FlagConflictError)
     assert "aot_config.functorch.activation_memory_budget = 0.7" in str(info.value)
+
+
+# ---- issue 40: no flag dropped by aot_pipeline.compile, torch.compile options or the CLI ----
+
+def _saved_by_compile(**kwargs) -> int:
+    """Bytes our partitioner's forward saves when aot_pipeline.compile(**kwargs) trains gpt."""
+    import aot_pipeline
+
+    case = make_case("gpt")
+    torch._dynamo.reset()
+    model = aot_pipeline.compile(case.module, compiler="nop", **kwargs)
+    model(*case.inputs).sum().backward()
+    (partition,) = model.partitions
+    return partition.saved_bytes
+
+
+def test_compile_without_a_budget_takes_the_flags():
+    full = _saved_by_compile()
+    with torch_config.patch(activation_memory_budget=0.5):
+        theirs = _saved_by_compile()
+    with functorch_config.patch(activation_memory_budget=0.5):
+        ours = _saved_by_compile()
+    assert theirs == ours == _saved_by_compile(memory_budget=0.5) < full
+
+
+def test_compile_with_both_flags_set_differently_is_a_conflict():
+    import aot_pipeline
+
+    case = make_case("gpt")
+    with torch_config.patch(activation_memory_budget=0.5), \
+            functorch_config.patch(activation_memory_budget=0.7), \
+            pytest.raises(FlagConflictError, match=r"torch._functorch.config.activation_memory_"
+                          r"budget = 0.5 and aot_config.functorch.activation_memory_budget = 0.7"):
+        aot_pipeline.compile(case.module)
+
+
+@pytest.mark.parametrize(("kwargs", "flags", "message"), [
+    ({"memory_budget": 0.3}, {"activation_memory_budget": 0.5},
+     "aot_pipeline option memory_budget=0.3 and the flag "
+     "torch._functorch.config.activation_memory_budget = 0.5 disagree"),
+    ({"memory_budget": "300MiB"}, {"activation_memory_budget": 0.5},
+     "aot_pipeline option memory_budget='300MiB' and the flag "
+     "torch._functorch.config.activation_memory_budget = 0.5 disagree"),
+    ({"solver": "greedy"}, {"activation_memory_budget_solver": "ilp"},
+     "aot_pipeline option solver='greedy' and the flag "
+     "torch._functorch.config.activation_memory_budget_solver = 'ilp' disagree"),
+])
+def test_an_option_a_set_torch_flag_contradicts_is_refused(kwargs, flags, message):
+    import aot_pipeline
+    from aot_pipeline.backend import OptionFlagConflictError
+
+    case = make_case("gpt")
+    with torch_config.patch(**flags), pytest.raises(OptionFlagConflictError) as info:
+        aot_pipeline.compile(case.module, **kwargs)
+    assert str(info.value) == (message + "; drop the option or unset the flag (or give both "
+                               "the same value)")
+
+
+def test_an_option_our_set_flag_contradicts_is_refused_through_torch_compile():
+    from aot_pipeline.backend import OptionFlagConflictError
+
+    case = make_case("gpt")
+    torch._dynamo.reset()
+    model = torch.compile(case.module, backend="aot_pipeline",
+                          options={"compiler": "nop", "memory_budget": "64KiB"})
+    with functorch_config.patch(activation_memory_peak_bytes=2**30), \
+            pytest.raises(Exception) as info:
+        model(*case.inputs)
+    error = getattr(info.value, "inner_exception", info.value)
+    assert isinstance(error, OptionFlagConflictError)
+    assert ("aot_pipeline option memory_budget='64KiB' and the flag "
+            "aot_config.functorch.activation_memory_peak_bytes = 1073741824 disagree") in str(error)
+
+
+def test_the_opposite_case_an_option_equal_to_the_set_flag_is_fine():
+    with torch_config.patch(activation_memory_budget=0.5):
+        assert _saved_by_compile(memory_budget=0.5) == _saved_by_compile()
+
+
+def test_the_cli_refuses_a_conflict_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    model_file = tmp_path / "sets_flags.py"
+    model_file.write_text(
+        "import torch, torch._functorch.config as c, aot_config\n"
+        "c.activation_memory_budget = 0.5\n"
+        "aot_config.functorch.activation_memory_budget = 0.7\n"
+        "def model():\n    return torch.nn.Linear(4, 4)\n")
+    run_cli = "import sys; from aot_pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", run_cli, "partition", "--model",
+                           f"{model_file}:model", "--input", "2x4"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "aot-pipeline: error: torch._functorch.config.activation_memory_budget = 0.5 and "
+        "aot_config.functorch.activation_memory_budget = 0.7: both are set and they differ; "
+        "set one of them only (or both to the same value)"]

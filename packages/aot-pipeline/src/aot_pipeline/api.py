@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backend import make_backend
+from .backend import make_backend, with_explicit_options
 from .options import PipelineOptions, inductor_pairs
 from .recording import PartitionRecorder
 
@@ -80,11 +80,11 @@ class CompiledModel:
 
 
 def compile(  # noqa: A001 - mirrors torch.compile
-    model: nn.Module | Callable[..., Any], *, memory_budget: float | str = 1.0,
-    solver: str = "dp",
+    model: nn.Module | Callable[..., Any], *, memory_budget: float | str | None = None,
+    solver: str | None = None,
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
     mode: str | None = None, options: dict[str, Any] | None = None,
-    record_partitions: bool = True, memory_budget_best_effort: bool = False,
+    record_partitions: bool = True, memory_budget_best_effort: bool | None = None,
     defer_full_gc: bool = True, name: str | None = None,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
@@ -99,6 +99,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``dynamic`` is torch.compile's. ``mode`` ("default", "reduce-overhead", "max-autotune",
     "max-autotune-no-cudagraphs") and ``options`` (``torch._inductor.config`` settings) reach
     Inductor as with ``torch.compile(backend="inductor")``; unlike there, both may be given.
+    ``memory_budget``, ``solver`` and ``memory_budget_best_effort`` left out come from the
+    partitioner flags (``aot_config.functorch``'s, or torch's ``torch._functorch.config`` one of
+    the same name; both set and different: ``FlagConflictError``); given, they must agree with
+    any such flag that is set, else ``OptionFlagConflictError``: nothing is dropped silently.
     ``record_partitions`` (default True) keeps every partition in ``partitions`` by keeping
     Inductor's FX graph and AOTAutograd caches off for these graphs; False keeps the caches on,
     as ``torch.compile(backend="aot_pipeline")`` does, so a second process starts warm.
@@ -116,9 +120,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
         raise TypeError(f"dynamic must be None, True or False, got {dynamic!r}")
     if not isinstance(record_partitions, bool):
         raise TypeError(f"record_partitions must be True or False, got {record_partitions!r}")
-    pipeline_options = PipelineOptions(
-        memory_budget=memory_budget, solver=solver, compiler=compiler,
-        compiled_autograd=compiled_autograd, mode=mode,
-        inductor_options=inductor_pairs(options or {}),
-        memory_budget_best_effort=memory_budget_best_effort, defer_full_gc=defer_full_gc)
+    flagged = {"memory_budget": memory_budget, "solver": solver,
+               "memory_budget_best_effort": memory_budget_best_effort}
+    pipeline_options = with_explicit_options({
+        **{name: value for name, value in flagged.items() if value is not None},
+        "compiler": compiler, "compiled_autograd": compiled_autograd, "mode": mode,
+        "inductor_options": inductor_pairs(options or {}), "defer_full_gc": defer_full_gc})
     return CompiledModel(model, pipeline_options, dynamic, record_partitions, name)

@@ -62,6 +62,63 @@ def default_options() -> PipelineOptions:
     )
 
 
+# Our options that set a partitioner flag (aot_config.functorch's, or torch's of the same name).
+FLAG_OF_OPTION = {
+    "memory_budget": "activation_memory_budget",
+    "memory_budget_bytes": "activation_memory_budget_bytes",
+    "memory_peak_bytes": "activation_memory_peak_bytes",
+    "memory_peak_fraction": "activation_memory_peak_fraction",
+    "memory_budget_best_effort": "activation_memory_budget_best_effort",
+    "solver": "activation_memory_budget_solver",
+}
+# One budget, written in one of its forms: giving one sets the others to theirs.
+BUDGET_OPTIONS = ("memory_budget", "memory_budget_bytes", "memory_peak_bytes",
+                  "memory_peak_fraction")
+
+
+class OptionFlagConflictError(PipelineOptionError):
+    """An option given to aot_pipeline and a partitioner flag someone set disagree: the
+    partitioner would follow only one of them, so neither is chosen silently."""
+
+    def __init__(self, option: str, value: Any, flag: str, flag_value: Any) -> None:
+        self.option, self.value, self.flag, self.flag_value = option, value, flag, flag_value
+        super().__init__(
+            f"aot_pipeline option {option}={value!r} and the flag {flag} = {flag_value!r} "
+            "disagree; drop the option or unset the flag (or give both the same value)")
+
+
+def _flag_source(flag: str) -> str:
+    """Where a set partitioner flag was set: ours, else torch's."""
+    from aot_config import functorch as functorch_flags
+
+    config = "aot_config.functorch" if not functorch_flags.is_default(flag) \
+        else "torch._functorch.config"
+    return f"{config}.{flag}"
+
+
+def with_explicit_options(explicit: Mapping[str, Any],
+                          base: PipelineOptions | None = None) -> PipelineOptions:
+    """``base`` (default: the flags, ``default_options``) with the options a caller gave
+    explicitly. A given option that a set flag contradicts raises OptionFlagConflictError:
+    an argument never silently overrides a flag a user or their framework set, nor the
+    reverse. A budget given in one form (a fraction, bytes, a peak) replaces the flags' budget
+    in every form, so ``"300MiB"`` against a set fraction flag is a conflict too."""
+    flags = default_options() if base is None else base
+    given = dict(explicit)
+    if given.keys() & set(BUDGET_OPTIONS):
+        given = {**dict.fromkeys(BUDGET_OPTIONS[1:]), **given}
+    resolved = replace(flags, **given)
+    unset = PipelineOptions()
+    for option in sorted(given.keys() & FLAG_OF_OPTION.keys()):
+        flag_value, value = getattr(flags, option), getattr(resolved, option)
+        if flag_value != getattr(unset, option) and flag_value != value:
+            shown = explicit.get("memory_budget", value) if option in BUDGET_OPTIONS else value
+            shown_option = "memory_budget" if option in BUDGET_OPTIONS else option
+            raise OptionFlagConflictError(shown_option, shown, _flag_source(FLAG_OF_OPTION[option]),
+                                          flag_value)
+    return resolved
+
+
 def make_partition_fn(options: PipelineOptions,
                       recorder: PartitionRecorder | None = None) -> PartitionFn:
     """aot_partition's min-cut partitioner run under ``options``' budget and solver."""
@@ -353,8 +410,11 @@ def resolve_options(options: PipelineOptions | Mapping[str, Any] | None = None,
                 "runs outside the compiled graph); use "
                 "aot_pipeline.compile(model, compiled_autograd=True)"
             )
-        resolved = PipelineOptions.from_mapping(options, default_options(),
-                                                _compat.inductor_config_keys())
+        ours, inductor = split_options(options, _compat.inductor_config_keys())
+        resolved = with_explicit_options(ours)
+        if inductor:
+            resolved = replace(resolved,
+                               inductor_options={**resolved.inductor_config, **inductor})
     return replace(resolved, mode=mode) if mode is not None else resolved
 
 

@@ -25,7 +25,6 @@ from .model_names import MODEL_NAMES, VARIANTS
 from .options import (
     COMPILERS,
     SOLVERS,
-    Budget,
     PipelineOptionError,
     echo_value,
     parse_budget,
@@ -312,14 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(train, 2)
     train.add_argument("--steps", type=_steps, default=10,
                        help=f"SGD steps, 1 to {MAX_STEPS} (default 10)")
-    train.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
-                       help="activation memory budget: a fraction in [0, 1] (default 1.0), "
+    train.add_argument("--memory-budget", type=_budget_or_size, default=None,
+                       help="activation memory budget: a fraction in [0, 1] (default: the "
+                            "partitioner flags, 1.0 when unset), "
                             "a cap on saved activation bytes such as 300MiB, or a cap on the "
                             "step's modelled peak such as '2GiB peak' or '0.8 peak'")
-    train.add_argument("--memory-budget-best-effort", action="store_true",
+    train.add_argument("--memory-budget-best-effort", action="store_true", default=None,
                        help="when a byte cap is unreachable, take the closest cut with a "
                             "warning instead of failing")
-    train.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
+    train.add_argument("--solver", choices=SOLVERS, default=None,
+                       help="knapsack solver (default: the flag, dp when unset)")
     train.add_argument("--compiler", choices=COMPILERS, default="inductor",
                        help="compiler for our forward and backward (default inductor)")
     train.add_argument("--compiled-autograd", action="store_true",
@@ -348,14 +349,16 @@ def build_parser() -> argparse.ArgumentParser:
         "partition", help="show which activations are saved or recomputed, and why",
         **command_help("partition"))
     model_args(partition, 1, exported=True)
-    partition.add_argument("--memory-budget", type=_budget_or_size, default=1.0,
-                           help="activation memory budget: a fraction in [0, 1] (default 1.0), "
+    partition.add_argument("--memory-budget", type=_budget_or_size, default=None,
+                           help="activation memory budget: a fraction in [0, 1] (default: the "
+                                "partitioner flags, 1.0 when unset), "
                                 "a cap on saved activation bytes such as 300MiB, or a cap on "
                                 "the step's modelled peak such as '2GiB peak' or '0.8 peak'")
-    partition.add_argument("--memory-budget-best-effort", action="store_true",
+    partition.add_argument("--memory-budget-best-effort", action="store_true", default=None,
                            help="when a byte cap is unreachable, take the closest cut with a "
                                 "warning instead of failing")
-    partition.add_argument("--solver", choices=SOLVERS, default="dp", help="knapsack solver")
+    partition.add_argument("--solver", choices=SOLVERS, default=None,
+                       help="knapsack solver (default: the flag, dp when unset)")
     return parser
 
 
@@ -383,6 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except Exception as error:
+        from aot_partition import FlagConflictError
+
+        if isinstance(error, FlagConflictError):  # torch's flag and ours disagree
+            print(f"{PROG}: error: {_one_line(str(error))}", file=sys.stderr)
+            return USAGE_ERROR
         unreachable = _unreachable_budget(error)
         if unreachable is None:
             raise
@@ -454,12 +462,13 @@ def _train(args: argparse.Namespace) -> int:
         device=args.device, variants=variants,
         memory_budget_best_effort=args.memory_budget_best_effort,
     )
+    options = settings.pipeline_options()  # a given option a set flag contradicts fails here
     results = train_all(settings, progress=not args.no_progress)
     print(f"{args.spec.label}, {args.steps} steps on {args.device}; ours: "
-          f"{_budget_words(args.memory_budget)}, solver {args.solver}, compiler {args.compiler}"
+          f"{_options_budget_words(options)}, solver {options.solver}, compiler {args.compiler}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")
     print(train_table(results))
-    if isinstance(args.memory_budget, str) and parse_budget(args.memory_budget).nbytes is not None:
+    if options.memory_budget_bytes is not None:
         print("the saved-bytes cap and the table's saved activations count the same bytes: "
               "what the forward keeps alive beyond its inputs (parameters, buffers, the batch "
               "and views of them cost nothing)")
@@ -468,6 +477,15 @@ def _train(args: argparse.Namespace) -> int:
                    "results": [asdict(r) for r in results]}
         _write_text(args.json, json.dumps(payload, indent=2, default=list))
     return 0 if all(r.matches_eager is not False for r in results) else 1
+
+
+def _options_budget_words(options: Any) -> str:
+    """The resolved options' budget in the reports' words."""
+    from aot_partition.report.report import given_budget
+
+    return given_budget(options.memory_budget, saved_bytes_cap=options.memory_budget_bytes,
+                        peak_cap=options.memory_peak_bytes,
+                        peak_fraction=options.memory_peak_fraction).describe()
 
 
 def _budget_words(memory_budget: float | str) -> str:
@@ -495,6 +513,11 @@ def _joints(args: argparse.Namespace) -> list[Any]:
     try:
         return trace_joints_compiled(built.module, built.make_inputs())
     except Exception as error:
+        from aot_partition import FlagConflictError
+
+        conflict = getattr(error, "inner_exception", None)
+        if isinstance(conflict, FlagConflictError):  # the flags, not the model: said as such
+            raise conflict from None
         raise UserModelError(f"{args.spec.label}: torch.compile could not trace it: "
                              f"{type(error).__name__}: {str(error).strip()[:300]}") from error
 
@@ -610,21 +633,24 @@ def _partition(args: argparse.Namespace) -> int:
     from aot_config import functorch as functorch_flags
     from aot_partition import explain_partition
 
+    from .backend import with_explicit_options
     from .report import format_bytes, format_table
 
-    budget = (parse_budget(args.memory_budget) if isinstance(args.memory_budget, str)
-              else Budget(fraction=args.memory_budget))
-    fraction = budget.fraction
-    joints = _joints(args)
+    joints = _joints(args)  # first: a model file may set partitioner flags when imported
+    given = {"memory_budget": args.memory_budget, "solver": args.solver,
+             "memory_budget_best_effort": args.memory_budget_best_effort}
+    # Unset arguments come from the partitioner flags; a set flag contradicting one fails.
+    options = with_explicit_options({k: v for k, v in given.items() if v is not None})
+    fraction = options.memory_budget
     for index, joint in enumerate(joints):
         # A peak is priced as Inductor, the compiler `train` and torch.compile use, compiles it.
         with functorch_flags.patch(
-                activation_memory_budget_solver=args.solver,
-                activation_memory_budget_bytes=budget.nbytes,
-                activation_memory_peak_bytes=budget.peak_bytes,
-                activation_memory_peak_fraction=budget.peak_fraction,
+                activation_memory_budget_solver=options.solver,
+                activation_memory_budget_bytes=options.memory_budget_bytes,
+                activation_memory_peak_bytes=options.memory_peak_bytes,
+                activation_memory_peak_fraction=options.memory_peak_fraction,
                 activation_memory_model="inductor",
-                activation_memory_budget_best_effort=args.memory_budget_best_effort):
+                activation_memory_budget_best_effort=options.memory_budget_best_effort):
             # Parameters as static-lifetime inputs, as torch.compile passes them (and `train`
             # partitions): a byte cap then counts the same bytes in both commands.
             report = explain_partition(joint.module, joint.inputs,
@@ -634,7 +660,7 @@ def _partition(args: argparse.Namespace) -> int:
         # The report's words for the budget and its one measure of saved bytes (inputs and
         # views of them cost nothing): the same numbers the byte cap compares.
         print(f"{'' if index == 0 else chr(10)}{_graph_label(args, index, len(joints))}, "
-              f"{report.given_budget.describe()} (knapsack solver {args.solver}; decided by "
+              f"{report.given_budget.describe()} (knapsack solver {options.solver}; decided by "
               f"{report.solver}): {len(report.saved)} saved "
               f"({format_bytes(report.saved_bytes)}), {len(report.recomputed)} recomputed")
         for title, decisions in (("saved for backward", report.saved),

@@ -63,13 +63,14 @@ class TrainSettings:
     model: str = "gpt"
     layers: int = 2
     steps: int = 10
-    memory_budget: float | str = 1.0  # a fraction, or a size such as "300MiB"
-    solver: str = "dp"
+    # a fraction, or a size such as "300MiB"; None here and below: from the partitioner flags
+    memory_budget: float | str | None = None
+    solver: str | None = None
     compiler: str = "inductor"
     compiled_autograd: bool = False
     device: str = "cpu"
     variants: Sequence[str] = field(default_factory=lambda: VARIANTS)
-    memory_budget_best_effort: bool = False
+    memory_budget_best_effort: bool | None = None
     # The model to build (a user's model, see user_models.ModelSpec); None: built-in ``model``.
     model_spec: ModelSpec | None = None
 
@@ -78,9 +79,15 @@ class TrainSettings:
         return spec.build(device)
 
     def pipeline_options(self) -> PipelineOptions:
-        return PipelineOptions(memory_budget=self.memory_budget, solver=self.solver,
-                               compiler=self.compiler, compiled_autograd=self.compiled_autograd,
-                               memory_budget_best_effort=self.memory_budget_best_effort)
+        """The options ``aot_pipeline`` variants compile with: the settings given, the rest
+        from the partitioner flags (a set flag contradicting a setting raises)."""
+        from .backend import with_explicit_options
+
+        flagged = {"memory_budget": self.memory_budget, "solver": self.solver,
+                   "memory_budget_best_effort": self.memory_budget_best_effort}
+        return with_explicit_options({
+            **{name: value for name, value in flagged.items() if value is not None},
+            "compiler": self.compiler, "compiled_autograd": self.compiled_autograd})
 
 
 def check_device(device: str) -> torch.device:
