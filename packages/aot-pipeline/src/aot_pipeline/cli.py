@@ -370,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             print(no_command_hint(), file=sys.stderr)
             return USAGE_ERROR
+        _check_torch_trace(os.environ.get("TORCH_TRACE"))
         args.spec = model_spec(args)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
@@ -398,6 +399,23 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--memory-budget {unreachable.least}B or more, or --memory-budget-best-effort "
               "to take that cut with a warning", file=sys.stderr)
         return USAGE_ERROR
+
+
+def _check_torch_trace(folder: str | None) -> None:
+    """TORCH_TRACE names the folder torch writes its structured trace to, at the end of the
+    run: checked first, so a bad path fails before the work rather than after it."""
+    if not folder:
+        return
+    path = Path(folder)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"TORCH_TRACE={folder!r} is not a folder; point it at a folder for "
+                         "torch's trace files, or unset it")
+    if existing is not None and not existing.is_dir():
+        raise UsageError(f"TORCH_TRACE={folder!r}: {str(existing)!r} is a file, not a folder")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"TORCH_TRACE={folder!r}: {str(existing)!r} is not writable; point "
+                         "it at a folder you can write, or unset it")
 
 
 def _one_line(message: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import difflib
 import math
 import re
@@ -265,6 +266,9 @@ def parse_byte_size(text: str, what: str = "size") -> int:
         )
     number = float(match.group(1))  # finite or inf: the pattern admits no "nan"
     nbytes = number * BYTE_UNITS[unit]
+    if nbytes < 1 and decimal.Decimal(match.group(1)) > 0:  # "1e-400MiB", "0.5B": not 0 bytes
+        raise PipelineOptionError(
+            f"{what} {echo_value(text)} is less than one byte; write 0B for no saved bytes")
     if not nbytes <= MAX_BUDGET_BYTES:
         raise PipelineOptionError(
             f"{what} {echo_value(text)} is too large: at most {MAX_BUDGET_BYTES} bytes (8 EiB)"
@@ -357,6 +361,11 @@ def _validate_choice(what: str, value: object, valid: tuple[str, ...]) -> None:
         raise PipelineOptionError(f"unknown {what} {value!r}; choose one of {', '.join(valid)}")
 
 
+# A config value longer than this is refused: literal parsing of pathological text (100,000
+# minus signs) exhausts memory or recursion.
+MAX_CONFIG_VALUE_CHARS = 1000
+
+
 def parse_key_values(text: str, flag: str) -> dict[str, Any]:
     """``n_layer=2,n_embd=128,use_cache=false`` as a dict: ints, floats, booleans, None and
     strings, read as Python literals where they are one."""
@@ -372,6 +381,10 @@ def parse_key_values(text: str, flag: str) -> dict[str, Any]:
             raise PipelineOptionError(f"{flag} {text!r}: give key=value pairs separated by commas, "
                                  "e.g. n_layer=2,n_embd=128,n_head=4")
         word = value.strip()
+        if len(word) > MAX_CONFIG_VALUE_CHARS:
+            shown = word[:20] + "..."
+            raise PipelineOptionError(f"{flag}: the value of {key} ({shown!r}, {len(word)} "
+                                      f"characters) is longer than {MAX_CONFIG_VALUE_CHARS}")
         lowered = word.lower()
         if lowered in ("true", "false"):
             result[key] = lowered == "true"
@@ -380,6 +393,6 @@ def parse_key_values(text: str, flag: str) -> dict[str, Any]:
         else:
             try:
                 result[key] = ast.literal_eval(word)
-            except (ValueError, SyntaxError):
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
                 result[key] = word
     return result

@@ -124,6 +124,11 @@ def load_factory(target: str) -> Callable[[], Any]:
             module = importlib.import_module(module_name)
     except UserModelError:
         raise
+    except SystemExit as error:  # a script's argparse or exit() at import: not our success
+        raise UserModelError(f"--model {target!r}: importing {module_name!r} called "
+                             f"sys.exit({error.code!r}); a model file must not exit when "
+                             "imported (guard its script part with "
+                             "if __name__ == '__main__')") from None
     except Exception as error:
         raise UserModelError(f"--model {target!r}: importing {module_name!r} failed: "
                              f"{type(error).__name__}: {_short(error)}") from error
@@ -141,6 +146,9 @@ def _from_factory(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
     factory = load_factory(spec.name)
     try:
         made = factory(**dict(spec.config))
+    except SystemExit as error:
+        raise UserModelError(f"--model {spec.name!r}: the factory called "
+                             f"sys.exit({error.code!r})") from None
     except Exception as error:
         raise UserModelError(f"--model {spec.name!r}: the factory raised "
                              f"{type(error).__name__}: {_short(error)}") from error
@@ -301,8 +309,13 @@ def parse_input_specs(specs: Sequence[str], seed: int = 0) -> tuple[torch.Tensor
         if match is None:
             raise UserModelError(f"--input {text!r}: give a shape such as 2x128, optionally a "
                                  "dtype and, for integers, an upper bound: 2x128:int64:50257")
-        shape = [int(d) for d in match.group(1).split("x")]
-        dtype_name, high = match.group(2) or "float32", match.group(3)
+        dims, high = match.group(1).split("x"), match.group(3)
+        too_long = [d for d in [*dims, high or ""] if len(d) > _MAX_DIGITS]
+        if too_long:
+            raise UserModelError(f"--input {_short_text(text)}: a number of {len(too_long[0])} "
+                                 f"digits (at most {_MAX_DIGITS})")
+        shape = [int(d) for d in dims]
+        dtype_name = match.group(2) or "float32"
         dtype = _DTYPES.get(dtype_name)
         if dtype is None:
             raise UserModelError(f"--input {text!r}: unknown dtype {dtype_name!r}; choose one of "
@@ -320,8 +333,20 @@ def parse_input_specs(specs: Sequence[str], seed: int = 0) -> tuple[torch.Tensor
             bound = int(high) if high is not None else 2
             if bound < 1:
                 raise UserModelError(f"--input {text!r}: the upper bound must be >= 1")
+            largest = torch.iinfo(dtype).max + 1
+            if bound > largest:
+                raise UserModelError(f"--input {text!r}: the upper bound {bound} is beyond "
+                                     f"{dtype_name} (at most {largest})")
             tensors.append(torch.randint(0, bound, shape, generator=generator, dtype=dtype))
     return tuple(tensors)
+
+
+# Digits of an --input number: a dimension of 10**12 elements is already refused by size.
+_MAX_DIGITS = 12
+
+
+def _short_text(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")
 
 
 def _describe(value: Any) -> str:

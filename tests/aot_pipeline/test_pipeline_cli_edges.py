@@ -1,0 +1,93 @@
+"""The CLI's and options' user-input edges (issue 40): each is one clean line naming the culprit,
+exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from aot_pipeline.options import PipelineOptionError, parse_byte_size, parse_key_values
+
+RUN_CLI = "import sys; from aot_pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", RUN_CLI, *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def _one_error_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def model_files(tmp_path):
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(0)\n")
+    factory_exits = tmp_path / "factory_exits.py"
+    factory_exits.write_text("import sys\ndef model():\n    sys.exit(3)\n")
+    linear = tmp_path / "linear.py"
+    linear.write_text("import torch\ndef model():\n    return torch.nn.Linear(4, 4)\n")
+    return exits, factory_exits, linear
+
+
+def test_a_model_file_that_exits_at_import_is_an_error_not_a_success(model_files):
+    exits, _, _ = model_files
+    line = _one_error_line(_cli("partition", "--model", f"{exits}:model", "--input", "2x4"))
+    assert line == (f"aot-pipeline: error: --model '{exits}:model': importing '{exits}' called "
+                    "sys.exit(0); a model file must not exit when imported (guard its script "
+                    "part with if __name__ == '__main__')")
+
+
+def test_a_factory_that_exits_is_an_error(model_files):
+    _, factory_exits, _ = model_files
+    line = _one_error_line(_cli("partition", "--model", f"{factory_exits}:model",
+                                "--input", "2x4"))
+    assert line == (f"aot-pipeline: error: --model '{factory_exits}:model': the factory called "
+                    "sys.exit(3)")
+
+
+def test_huge_numbers_in_input_are_refused(model_files):
+    _, _, linear = model_files
+    line = _one_error_line(_cli("partition", "--model", f"{linear}:model",
+                                "--input", "2x" + "9" * 5000))
+    assert line.endswith(": a number of 5000 digits (at most 12)")
+    line = _one_error_line(_cli("partition", "--model", f"{linear}:model",
+                                "--input", "2x4:int8:1000"))
+    assert line == ("aot-pipeline: error: --input '2x4:int8:1000': the upper bound 1000 is "
+                    "beyond int8 (at most 128)")
+
+
+def test_a_torch_trace_path_that_is_a_file_fails_first(tmp_path):
+    not_a_folder = tmp_path / "trace"
+    not_a_folder.write_text("")
+    line = _one_error_line(_cli("partition", "--model", "mlp",
+                                env={"TORCH_TRACE": str(not_a_folder)}))
+    assert line == (f"aot-pipeline: error: TORCH_TRACE={str(not_a_folder)!r} is not a folder; "
+                    "point it at a folder for torch's trace files, or unset it")
+
+
+def test_pathological_config_values_are_refused_in_one_line():
+    with pytest.raises(PipelineOptionError, match=r"the value of width \('-{20}\.\.\.', 100000 "
+                                                   r"characters\) is longer than 1000"):
+        parse_key_values("width=" + "-" * 100_000, "--model-config")
+    assert parse_key_values("width=" + "-" * 900, "--model-config") == {"width": "-" * 900}
+
+
+@pytest.mark.parametrize("text", ["1e-400MiB", "0.5B", "1e-30GiB"])
+def test_a_positive_size_under_one_byte_is_not_a_zero_cap(text):
+    with pytest.raises(PipelineOptionError, match="is less than one byte; write 0B"):
+        parse_byte_size(text)
+
+
+def test_the_opposite_case_zero_and_fractional_sizes_still_read():
+    assert parse_byte_size("0B") == 0
+    assert parse_byte_size("1.5B") == 1
+    assert parse_byte_size("1.5KiB") == 1536
