@@ -7,9 +7,13 @@ import random
 
 import pytest
 import torch
-
 from aot_partition.fx.caching_allocator import (
-    CachingAllocator, StepEvents, replay, round_size, segment_size)
+    CachingAllocator,
+    StepEvents,
+    replay,
+    round_size,
+    segment_size,
+)
 
 MiB = 1 << 20
 

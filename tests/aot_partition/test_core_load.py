@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from aot_partition.core import load_core_graph
 from aot_partition.core.graph import CoreGraph, CoreGraphError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ONE_NODE = '[{"id": "x", "nbytes": 8, "forward": true}]'
 

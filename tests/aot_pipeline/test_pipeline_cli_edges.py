@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from aot_pipeline.options import PipelineOptionError, parse_byte_size, parse_key_values
 
 RUN_CLI = "import sys; from aot_pipeline.cli import main; sys.exit(main(sys.argv[1:]))"
