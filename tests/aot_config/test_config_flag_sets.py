@@ -51,6 +51,8 @@ FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save
                     # issue 38: a peak cap as a fraction, and the model that prices a peak
                     "activation_memory_peak_fraction": None, "activation_memory_model": "auto",
                     "activation_memory_budget_best_effort": False,
+                    # torch's, newer than the seed: torchtitan sets it with the visualize flag
+                    "memory_budget_pareto_dir": None,
                     "lazy_partition_modules": True,
                     # many ranks (issue 26): torch's unsafe_allow_optimization_of_collectives
                     # under our name, and the rank agreement of aot_partition.fx.spmd

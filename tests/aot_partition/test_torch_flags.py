@@ -25,7 +25,8 @@ def test_every_mirrored_flag_exists_in_both_configs():
             continue
         ours = getattr(functorch_config, name)
         if ours is None:  # ours derives it (activation_offload_cpu_gpu_bw): torch's must fit
-            assert functorch_config.flags()[name].check(getattr(torch_config, name)) is not None
+            theirs = getattr(torch_config, name)
+            assert theirs is None or functorch_config.flags()[name].check(theirs) is not None
             continue
         assert type(getattr(torch_config, name)) is type(ours), name
 
@@ -113,3 +114,22 @@ def test_a_flag_this_torch_lacks_is_not_taken_for_set():
     from aot_partition.flags import torch_flag_override
 
     assert torch_flag_override("no_such_flag_in_torch") == (False, None)
+
+
+def test_torchtitans_memory_budget_mode_is_honoured(gpt_joint, tmp_path):
+    """torchtitan's ``activation_checkpoint.mode = "memory_budget"`` sets torch's budget and,
+    with its visualize option, torch's Pareto flags: all three reach our partitioner."""
+    folder = tmp_path / "pareto"
+    with torch_config.patch(activation_memory_budget=0.5, visualize_memory_budget_pareto=True,
+                            memory_budget_pareto_dir=str(folder)):
+        saved = _saved(gpt_joint)
+    with functorch_config.patch(activation_memory_budget=0.5):
+        assert saved == _saved(gpt_joint)
+    assert [p.suffix for p in folder.iterdir()] == [".png"]
+
+
+def test_the_opposite_case_no_pareto_flag_writes_nothing(gpt_joint, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with torch_config.patch(activation_memory_budget=0.5):
+        _saved(gpt_joint)
+    assert list(tmp_path.iterdir()) == []

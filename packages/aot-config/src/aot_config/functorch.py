@@ -210,6 +210,14 @@ visualize_memory_budget_pareto: bool = flag(
     doc="Draw runtime vs. activation memory for budgets 0..1 (step 0.5) as a PNG.",
 )
 
+memory_budget_pareto_dir: str | None = flag(
+    None,
+    type=str | None,
+    compile_ignored="debug",
+    doc="Folder for visualize_memory_budget_pareto's PNGs (created if missing); None: the "
+        "working directory.",
+)
+
 # ---- many ranks (torch.distributed) ---------------------------------------------------------------
 
 # torch's unsafe_allow_optimization_of_collectives, under a name that says what it allows.

@@ -75,6 +75,7 @@ _FLAG_OF_FIELD = {
     "reference_ilp": "activation_memory_budget_reference_ilp",
     "debug": "debug_partitioner",
     "visualize_pareto": "visualize_memory_budget_pareto",
+    "pareto_dir": "memory_budget_pareto_dir",
     "graph_format": "torch_compile_graph_format",
     "agree_across_ranks": "agree_partition_across_ranks",
     "check_agreement": "check_partition_agreement",
@@ -116,6 +117,7 @@ class PartitionConfig:
     reference_ilp: bool = False
     debug: bool = False
     visualize_pareto: bool = False
+    pareto_dir: str | None = None
     graph_format: str = "svg"
     # Many ranks (spmd.py): agree on measured runtimes and MILP limits; check the saved sets.
     agree_across_ranks: bool = True

@@ -31,7 +31,7 @@ __all__ = ["TORCH_MIRRORED_FLAGS", "read_flag", "torch_flag_override"]
 
 # torch._functorch.config flags that aot_config.functorch mirrors and that change what a
 # partition saves. Not here: flags only torch has, ours only (min_cut_solver, byte caps, the
-# reference estimator) and output-only ones (debug_partitioner, visualize_memory_budget_pareto).
+# reference estimator) and output-only ones only we have (debug_partitioner).
 TORCH_MIRRORED_FLAGS: tuple[str, ...] = (
     "activation_memory_budget",
     "activation_memory_budget_runtime_estimator",
@@ -48,6 +48,9 @@ TORCH_MIRRORED_FLAGS: tuple[str, ...] = (
     "max_dist_from_bw",
     "recompute_views",
     "treat_parameters_as_free_to_save",
+    # output only, but set by frameworks (torchtitan's memory_budget mode): honoured too
+    "visualize_memory_budget_pareto",
+    "memory_budget_pareto_dir",
 )
 
 

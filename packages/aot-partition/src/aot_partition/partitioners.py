@@ -388,7 +388,7 @@ def _choose_saved_values(joint_graph: fx.Graph, node_info: NodeInfo, budget: flo
     pareto_png = None
     if config.visualize_pareto:
         pareto_points = tuple(sweep(search))
-        pareto_png = write_pareto_png(list(pareto_points), search.solver)
+        pareto_png = write_pareto_png(list(pareto_points), search.solver, config.pareto_dir)
     log.info("memory budget %.3f (%s): memory ratio %.3f, recompute runtime %.4g",
              budget, search.solver, search.memory_ratio(saved), runtime)
     saved = list(saved)

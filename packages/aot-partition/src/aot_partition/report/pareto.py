@@ -145,7 +145,7 @@ def memory_budget_pareto(joint_module: fx.GraphModule, joint_inputs: Any = None,
         points = sweep(search, DEFAULT_BUDGETS if budgets is None else budgets, peak=peak,
                        progress=progress)
     if config.visualize_pareto:
-        write_pareto_png(points, search.solver)
+        write_pareto_png(points, search.solver, config.pareto_dir)
     return points
 
 
@@ -163,9 +163,13 @@ def score_partition(fw: fx.Graph | fx.GraphModule, bw: fx.Graph | fx.GraphModule
     return PeakPoint(float(budget), timeline.peak_bytes, recompute, timeline.saved_bytes)
 
 
-def write_pareto_png(points: list[ParetoPoint], label: str) -> str:
-    """The visualize flag's picture: the peak front when the points were simulated."""
+def write_pareto_png(points: list[ParetoPoint], label: str, folder: str | None = None) -> str:
+    """The visualize flag's picture: the peak front when the points were simulated; in
+    ``folder`` (``memory_budget_pareto_dir``, created if missing) or the working directory."""
     path = f"memory_budget_pareto_{next(_figure_ids)}.png"
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, path)
     if points and all(p.simulated_peak_bytes is not None for p in points):
         plot_peak_front({label: points}, path)
     else:
