@@ -41,6 +41,7 @@ from .graph import (
     CoreGraphError,
     CoreNode,
     CorePartition,
+    check_has_backward,
     check_release,
     default_save_costs,
     distances_from_backward,
@@ -288,6 +289,7 @@ def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: f
                              f"{', '.join(sorted(KNAPSACK_SOLVERS))}")
     if bans is not None and not isinstance(bans, Mapping):
         raise CoreGraphError(f"bans must be a mapping of node id to reason, got {bans!r}")
+    check_has_backward(graph)
     release = check_release(graph, release)
     options = {"solver": solver, "recompute_views": recompute_views,
                "parameters_are_free": parameters_are_free}

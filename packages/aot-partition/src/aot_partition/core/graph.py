@@ -116,8 +116,8 @@ class CoreGraphError(ValueError):
 class CoreNode:
     """One node of a joint graph, in plain data.
 
-    ``forward``: the forward needs it (it is computable from the forward inputs and reaches a
-    forward output). ``backward``: its value must be available in the backward (a gradient).
+    ``forward``: it exists in the forward: a forward input (even one only the backward reads),
+    or a value computed there (from the forward inputs, reaching a forward output). ``backward``: its value must be available in the backward (a gradient).
     ``in_backward``: it is part of the backward (depends on a tangent) and is computed there.
     ``ban``: the front end's reason why it may not be recomputed. ``must_recompute``: a
     checkpoint annotation; it is recomputed in the backward whatever it costs.
@@ -403,7 +403,31 @@ def check_release(graph: CoreGraph, release: Collection[str]) -> list[str]:
             raise CoreGraphError(f"release names '{name}', an input (category "
                                  f"'{node.category}'); inputs are never recomputed, so their "
                                  "ban cannot be lifted")
+        if node.category in _REPLAY_CATEGORIES and not node.allow_recompute:
+            raise CoreGraphError(
+                f"release names '{name}', a{'n' if node.category == 'effectful' else ''} "
+                f"{node.category} node without allow_recompute: recomputing it would "
+                f"{_REPLAY_CATEGORIES[node.category]}; set allow_recompute=True on the node "
+                "only if the front end replays it exactly")
     return names
+
+
+# Categories a recompute would change the meaning of, and what it would do.
+_REPLAY_CATEGORIES = {"random": "draw different random numbers than the forward did",
+                      "effectful": "run its side effect a second time"}
+
+
+def check_has_backward(graph: CoreGraph) -> None:
+    """A graph to partition has a backward: a tangent input or a node ``in_backward``.
+    Without one (a training step traced whole, as ``jax.value_and_grad``'s jaxpr is) every
+    node would run in the forward and every gradient would be "saved": an answer that means
+    nothing, so it is refused."""
+    if graph.nodes and not any(n.in_backward or n.category == "tangent" for n in graph.nodes):
+        raise CoreGraphError(
+            "the graph has no backward: no node is in_backward and none is a tangent, so there "
+            "is nothing to split; mark the backward's nodes in_backward=True (those that "
+            "depend on the gradient seed, which is a tangent input), or do not partition a "
+            "forward-only graph")
 
 
 # ---- loading from plain dicts ------------------------------------------------------------
@@ -764,6 +788,7 @@ def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEF
             raise CoreGraphError(f"{name} must be True or False, got {value!r}")
     if not isinstance(solver, str):
         raise CoreGraphError(f"solver must be a solver name (a string), got {solver!r}")
+    check_has_backward(graph)
     banned = ban_reasons(graph, bans=bans, release=release, rules=rules,
                          max_dist_from_bw=max_dist_from_bw)
     network = build_network(graph, banned, recompute_views=recompute_views,
