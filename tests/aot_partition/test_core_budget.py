@@ -19,7 +19,8 @@ from core_graphs import mlp
 
 def two_branches(a_runtime: float, b_runtime: float) -> CoreGraph:
     """x (16 bytes) feeds a and b (64 bytes each); the backward reads both: saving both is
-    128 bytes, one 80 (x too, to recompute the other), none 16: room for one at 0.75."""
+    128 bytes, one 64 (x too, free: an input, to recompute the other), none 0: room for one
+    at 0.75."""
     return CoreGraph((
         CoreNode("x", nbytes=16, category="input", forward=True),
         CoreNode("a", ("x",), nbytes=64, category="other", forward=True, runtime=a_runtime),
@@ -64,8 +65,9 @@ def test_budget_one_is_the_runtime_optimal_cut():
 
 def test_budget_zero_recomputes_everything_it_may():
     answer = partition_under_budget(mlp(), fraction=0.0)
+    # x and w are inputs: saving them costs nothing (the one measure of saved bytes)
     assert (answer.label, answer.saved, answer.saved_bytes) == ("recompute everything",
-                                                                 ("x", "w"), 64)
+                                                                 ("x", "w"), 0)
     assert answer.recompute_runtime == 9.0  # mm and relu
     assert answer.released == {"mm": "recomputing it costs runtime 8",
                                "relu": "recomputing it costs runtime 1"}
@@ -88,7 +90,7 @@ def test_fraction_sweep_is_monotone_and_deterministic(knapsack):
     saved = [a.saved_bytes for a in answers]
     runtime = [a.recompute_runtime for a in answers]
     assert saved == sorted(saved) and runtime == sorted(runtime, reverse=True)
-    assert (saved[0], saved[24], saved[-1]) == (16, 80, 128)  # three distinct cuts
+    assert (saved[0], saved[24], saved[-1]) == (0, 64, 128)  # three distinct cuts
     again = [partition_under_budget(two_branches(100.0, 1.0), fraction=i / 32,
                                     knapsack=knapsack).saved for i in range(33)]
     assert again == [a.saved for a in answers]
@@ -125,16 +127,21 @@ def test_front_end_bans_are_lifted_by_the_budget_category_bans_never():
 
 def test_byte_cap_sweep_is_monotone_and_names_the_least_reachable():
     graph = two_branches(100.0, 1.0)
-    answers = [partition_under_budget(graph, max_saved_bytes=cap) for cap in range(16, 140, 4)]
+    answers = [partition_under_budget(graph, max_saved_bytes=cap) for cap in range(0, 140, 4)]
     saved = [a.saved_bytes for a in answers]
     assert saved == sorted(saved)
-    assert all(a.saved_bytes <= cap for a, cap in zip(answers, range(16, 140, 4)))
+    assert all(a.saved_bytes <= cap for a, cap in zip(answers, range(0, 140, 4)))
+    # 0 bytes is reachable: only the input x (alive anyway) is saved
+    assert partition_under_budget(graph, max_saved_bytes=0).saved == ("x",)
     assert partition_under_budget(graph, max_saved_bytes=127).saved == ("x", "a")
     assert partition_under_budget(graph, max_saved_bytes=128).saved == ("a", "b")
+    # A value no budget may recompute (a random op) must be saved: below it is unreachable.
+    nodes = list(graph.nodes)
+    nodes[1] = CoreNode("a", ("x",), nbytes=64, category="random", forward=True)
     with pytest.raises(UnreachableMemoryBudgetError) as info:
-        partition_under_budget(graph, max_saved_bytes=15)
-    assert str(info.value) == ("activation memory budget 15 bytes is unreachable: the least "
-                               "this graph can save is 16 bytes (recompute everything)")
+        partition_under_budget(nodes, max_saved_bytes=63)
+    assert str(info.value) == ("activation memory budget 63 bytes is unreachable: the least "
+                               "this graph can save is 64 bytes (recompute everything)")
     assert info.value.what == "activation memory budget"
 
 
@@ -167,10 +174,10 @@ def test_timeline_counts_by_hand():
 
 
 def test_report_names_the_budget_and_speaks_core_words():
-    report = partition_under_budget(mlp(), max_saved_bytes=100).report()
-    assert report.budget == "saved-bytes cap 100 bytes"
+    report = partition_under_budget(mlp(), max_saved_bytes=63).report()
+    assert report.budget == "saved-bytes cap 63 bytes"
     assert (report.chosen, report.saved_bytes, report.peak_bytes) == ("recompute everything",
-                                                                       64, 708)
+                                                                       0, 708)
     assert report.by_kind("recomputed") == ("mm", "relu")
     rows = {row.id: row for row in report.nodes}
     assert rows["mm"].reason == ("recomputed in backward: the budget lifted its ban "
@@ -178,8 +185,8 @@ def test_report_names_the_budget_and_speaks_core_words():
     assert rows["mm"].ban == "recomputing it costs runtime 8"
     assert rows["x"].reason == "saved: cut; banned: primal input"
     text = report.format()
-    assert text.splitlines()[0] == ("saved-bytes cap 100 bytes: took the recompute everything "
-                                    "cut; saves 64 bytes, simulated peak 708 bytes, recompute "
+    assert text.splitlines()[0] == ("saved-bytes cap 63 bytes: took the recompute everything "
+                                    "cut; saves 0 bytes, simulated peak 708 bytes, recompute "
                                     "runtime 9")
     for fx_word in ("meta['val']", "MUST_SAVE", "fx", "placeholder", "aten"):
         assert fx_word not in text

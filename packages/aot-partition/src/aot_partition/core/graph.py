@@ -417,6 +417,13 @@ _REPLAY_CATEGORIES = {"random": "draw different random numbers than the forward 
                       "effectful": "run its side effect a second time"}
 
 
+def activation_bytes(graph: CoreGraph, indices: Iterable[int]) -> int:
+    """Bytes of the values at ``indices`` that saving keeps alive beyond the step's inputs:
+    inputs, parameters and seeds cost nothing (they exist before the step either way)."""
+    nodes = graph.nodes
+    return int(sum(nodes[i].nbytes for i in indices if nodes[i].category not in INPUT_CATEGORIES))
+
+
 def check_has_backward(graph: CoreGraph) -> None:
     """A graph to partition has a backward: a tangent input or a node ``in_backward``.
     Without one (a training step traced whole, as ``jax.value_and_grad``'s jaxpr is) every
@@ -690,7 +697,9 @@ class CorePartition:
 
     @property
     def saved_bytes(self) -> int:
-        return int(self.graph.nbytes[self.saved_indices].sum())
+        """The one measure of saved bytes (as the fx path's): what saving costs in memory,
+        inputs, parameters and seeds free (they are alive anyway)."""
+        return activation_bytes(self.graph, self.saved_indices.tolist())
 
     @property
     def banned(self) -> dict[str, str]:
