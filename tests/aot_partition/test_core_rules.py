@@ -178,3 +178,47 @@ def test_a_value_that_is_not_saveable_has_an_infinite_save_cost():
         float("inf"))
     assert rule_bans(graph, "random_op") == {
         "y": "random op: recomputing costs a second draw and a saved RNG state"}
+
+
+# ---- rules inside budgets (issue 41) ----------------------------------------------------------
+
+def _chain_with_reduction() -> CoreGraph:
+    """x (256 bytes) -> red (a reduction to 16 bytes) -> y; the backward reads x and red: x is
+    saved anyway, so without rules the cut recomputes red from it, and the reduction rule
+    (output 4x smaller than its input) keeps red saved."""
+    return CoreGraph((
+        fw("x", category="input", nbytes=256),
+        fw("red", ("x",), "reduction", op="sum", nbytes=16),
+        fw("y", ("red",), nbytes=4, output=True),
+        bw("g", (), "tangent", nbytes=4),
+        bw("gx", ("g", "red", "x"), nbytes=256, backward=True),
+    ))
+
+
+def test_a_rule_set_changes_what_a_budget_saves_and_a_budget_can_lift_its_bans():
+    from aot_partition.core import partition_under_budget
+
+    graph = _chain_with_reduction()
+    plain = partition_under_budget(graph, fraction=1.0)
+    ruled = partition_under_budget(graph, fraction=1.0, rules=("reduction",))
+    assert "red" not in plain.saved and "red" in ruled.saved
+    assert "red" in ruled.partition.banned
+    # the rule's ban is a knapsack item: the tightest budget lifts it, as it lifts any ban
+    lifted = partition_under_budget(graph, fraction=0.0, rules=("reduction",))
+    assert "red" not in lifted.saved and "red" in lifted.released
+
+
+def test_the_opposite_case_a_rule_that_bans_nothing_here_changes_nothing():
+    from aot_partition.core import partition_under_budget
+
+    graph = _chain_with_reduction()
+    for fraction in (0.0, 0.5, 1.0):
+        assert (partition_under_budget(graph, fraction=fraction, rules=("collective",)).saved
+                == partition_under_budget(graph, fraction=fraction).saved)
+
+
+def test_an_unknown_rule_in_a_budget_is_refused():
+    from aot_partition.core import partition_under_budget
+
+    with pytest.raises(CoreGraphError, match="unknown ban rule 'reductions'; valid rules: never_recomputable"):
+        partition_under_budget(_chain_with_reduction(), fraction=0.5, rules=("reductions",))

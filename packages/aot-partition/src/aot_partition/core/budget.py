@@ -48,6 +48,7 @@ from .graph import (
     partition,
 )
 from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
+from .rules import MAX_DIST_FROM_BW
 from .report import CoreReport, core_report
 from .timeline import CoreMemoryTimeline, decision_kinds, simulate_memory
 
@@ -108,7 +109,7 @@ class BudgetedPartition:
     budget: CoreBudget
     label: str
     released: dict[str, str]         # id -> the ban the budget lifted, in graph order
-    saved_bytes: int                 # saved values' bytes (parameters free when they are)
+    saved_bytes: int                 # the one measure: inputs, parameters and seeds free
     recompute_runtime: float
     _candidate: _Candidate = field(repr=False, compare=False)
 
@@ -272,13 +273,15 @@ def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: f
                            bans: Mapping[str, str] | None = None,
                            release: Collection[str] = (), solver: str = "scipy",
                            recompute_views: bool = False,
-                           parameters_are_free: bool = True) -> BudgetedPartition:
+                           parameters_are_free: bool = True, rules: Collection[str] = (),
+                           max_dist_from_bw: int = MAX_DIST_FROM_BW) -> BudgetedPartition:
     """The cut to take under one budget (see the module doc): ``fraction`` (0 to 1),
     ``max_saved_bytes`` (a cap on the saved values' bytes) or ``max_peak_bytes`` (a cap on the
     simulated peak, inputs included). ``knapsack``: "dp", "greedy" or "ilp". ``bans``,
-    ``release``, ``solver``, ``recompute_views`` and ``parameters_are_free`` are
-    ``partition``'s. Deterministic; raises UnreachableMemoryBudgetError when no cut meets a
-    cap."""
+    ``release``, ``solver``, ``recompute_views``, ``parameters_are_free``, ``rules`` and
+    ``max_dist_from_bw`` are ``partition``'s; the rules' bans hold in the runtime-optimal cut
+    and are knapsack items a tighter budget may lift, as front-end bans are (category bans:
+    never). Deterministic; raises UnreachableMemoryBudgetError when no cut meets a cap."""
     if not isinstance(graph, CoreGraph):  # a CoreGraph keeps the search for the next budget
         graph = CoreGraph(tuple(graph))
     budget = _budget(fraction, max_saved_bytes, max_peak_bytes)
@@ -289,8 +292,11 @@ def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: f
         raise CoreGraphError(f"bans must be a mapping of node id to reason, got {bans!r}")
     check_has_backward(graph)
     release = check_release(graph, release)
+    if isinstance(rules, (str, bytes)) or not isinstance(rules, Collection):
+        raise CoreGraphError(f"rules must be a collection of rule names, got {rules!r}")
     options = {"solver": solver, "recompute_views": recompute_views,
-               "parameters_are_free": parameters_are_free}
+               "parameters_are_free": parameters_are_free, "rules": tuple(rules),
+               "max_dist_from_bw": max_dist_from_bw}
     search = _search(graph, dict(bans or {}), release, knapsack, options)
     chosen = _choose(search, budget)
     lifted = search.optimal.result.banned
