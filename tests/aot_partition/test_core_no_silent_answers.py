@@ -5,7 +5,6 @@ refused rather than answered with invented labels."""
 from __future__ import annotations
 
 import pytest
-
 from aot_partition.core import CoreGraph, CoreNode, partition, partition_under_budget
 from aot_partition.core.graph import CoreGraphError
 

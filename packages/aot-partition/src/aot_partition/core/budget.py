@@ -48,8 +48,8 @@ from .graph import (
     partition,
 )
 from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
-from .rules import MAX_DIST_FROM_BW
 from .report import CoreReport, core_report
+from .rules import MAX_DIST_FROM_BW
 from .timeline import CoreMemoryTimeline, decision_kinds, simulate_memory
 
 log = logging.getLogger(__name__)
