@@ -130,7 +130,7 @@ def test_no_import_cycle_inside_a_package(package_dir: Path) -> None:
 # order inside the row is fixed by the cycle test.
 AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # leaves: errors, flag access and the config snapshot (no torch)
-    ("errors", "flags", "config", "_moved"),
+    ("errors", "flags", "config", "_moved", "_fx_extra"),
     # core/: the graph-agnostic core on plain data (numpy/scipy only)
     ("core.milp_limits", "core.sparse_rows", "core.mincut", "core.mincut_small", "core.mincut_scipy",
      "core.knapsack", "core.graph", "core.ilp_graph", "core.offload_milp", "core.rules",

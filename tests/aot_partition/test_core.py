@@ -119,7 +119,7 @@ def test_infeasible_names_the_path():
         partition(nodes)
     assert info.value.path == [
         ("t", "cannot recompute: side effect"),
-        ("t", "cannot save: not a tensor"),
+        ("t", "cannot save: category 'opaque' (not a tensor)"),
         ("g", "g uses t"),
         ("sink", "must be computed in backward"),
     ]

@@ -77,6 +77,23 @@ def test_fx_names_without_torch_name_the_extra():
     ]
 
 
+def test_fx_modules_imported_directly_without_torch_name_the_extra():
+    done = _run("""
+    import importlib
+    for name in ("aot_partition.budget.caps", "aot_partition.partitioners",
+                 "aot_partition.report.report"):
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            print(error)
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == 3 * [
+        "this part of aot_partition (the torch.fx front end: budget/, report/, partitioners) "
+        "needs torch: pip install 'aot-partition[fx]'. The core, aot_partition.core, needs no "
+        "torch."]
+
+
 def test_core_names_without_torch_do_not_need_the_extra():
     # Twin: names outside the fx front end still load without torch.
     done = _run("""

@@ -54,7 +54,7 @@ def test_infeasible_cut_names_the_path(mlp_joint):
     assert user in {u.name for u in gelu.users}
     assert f"source -> {gelu.name} -> {user} -> sink" in message
     assert f"{gelu.name}: cannot recompute: materialized in backward" in message
-    assert f"{gelu.name}: cannot save: not a tensor" in message
+    assert f"{gelu.name}: cannot save: " in message and "(not a tensor)" in message
     assert f"{user}: {user} uses {gelu.name}" in message
 
 

@@ -10,6 +10,10 @@ backward.
 
 from __future__ import annotations
 
+from . import _fx_extra  # noqa: F401 - first: without torch, an error naming the extra
+
+# isort: split
+
 import copy
 import dataclasses
 import gc

@@ -8,6 +8,10 @@ DeprecationWarning) until 0.3: import them from ``aot_partition.budget.search``.
 
 from __future__ import annotations
 
+from .. import _fx_extra  # noqa: F401 - first: without torch, an error naming the extra
+
+# isort: split
+
 import importlib
 import warnings
 from typing import Any

@@ -11,6 +11,7 @@ this package never imports torch.
 
 from __future__ import annotations
 
+from ..errors import InfeasibleMinCutError, UnreachableMemoryBudgetError
 from . import knapsack
 from .budget import BudgetedPartition, CoreBudget, partition_under_budget
 from .graph import (
@@ -40,6 +41,8 @@ __all__ = [
     "CoreNode",
     "CorePartition",
     "CoreReport",
+    "InfeasibleMinCutError",
+    "UnreachableMemoryBudgetError",
     "ban_reasons",
     "default_save_costs",
     "distances_from_backward",

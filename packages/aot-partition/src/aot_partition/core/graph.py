@@ -660,7 +660,8 @@ def _save_reason(graph: CoreGraph, i: int, cost: float) -> str:
         return "save cost"
     node = graph.nodes[i]
     if node.save_cost is None and (node.category == "opaque" or not node.saveable):
-        return "cannot save: not a tensor"
+        marked = "category 'opaque'" if node.category == "opaque" else "saveable=False"
+        return f"cannot save: {marked} (not a tensor)"
     if node.save_cost is None and node.category == "view":
         return "cannot save: view op (recompute_views=True)"
     return "cannot save: infinite save cost"

@@ -8,6 +8,10 @@ re-exported here; loading them imports torch, so they load on first use.
 
 from __future__ import annotations
 
+from .. import _fx_extra  # noqa: F401 - first: without torch, an error naming the extra
+
+# isort: split
+
 import importlib
 from typing import TYPE_CHECKING, Any
 
