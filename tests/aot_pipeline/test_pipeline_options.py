@@ -18,10 +18,15 @@ def test_budget_outside_unit_interval_is_refused(budget):
         aot_pipeline.compile(nn.Linear(2, 2), memory_budget=budget)
 
 
-@pytest.mark.parametrize("budget", [None, True, b"0.5"])
+@pytest.mark.parametrize("budget", [True, b"0.5"])
 def test_budget_that_is_not_a_number_is_refused(budget):
     with pytest.raises(PipelineOptionError, match="memory_budget must be a number"):
         aot_pipeline.compile(nn.Linear(2, 2), memory_budget=budget)
+
+
+def test_no_budget_means_the_flags_budget():
+    # None is "not given": the partitioner flags decide (1.0 when none is set)
+    assert aot_pipeline.compile(nn.Linear(2, 2), memory_budget=None).options.memory_budget == 1.0
 
 
 def test_budget_as_text_is_a_size():

@@ -57,6 +57,27 @@ def test_train_with_nop_compiler_matches_eager_losses():
     assert ours.peak_memory_bytes is None  # CPU
 
 
+def test_isolated_variants_run_in_fresh_processes_with_the_same_losses(monkeypatch, tmp_path):
+    """The CLI's train times each compiled variant's compile cold, in a fresh process with an
+    empty Inductor cache (issue 40): the same losses, and errors come back as themselves."""
+    import os
+
+    from aot_pipeline import train as train_module
+
+    parent_cache = str(tmp_path / "parent-cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", parent_cache)
+    settings = TrainSettings(model="mlp", layers=2, steps=3, compiler="nop", memory_budget=0.5,
+                             variants=("eager", "aot_pipeline"))
+    in_process = train_all(settings, progress=False)
+    eager, ours = train_all(settings, progress=False, isolated=True)
+    assert ours.losses == pytest.approx(in_process[1].losses, rel=1e-6)
+    assert eager.matches_eager and ours.matches_eager
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == parent_cache  # the parent's is untouched
+    # An error in the child comes back as itself.
+    with pytest.raises(PipelineOptionError, match="unknown variant 'jit'"):
+        train_module._train_isolated("jit", settings, False)
+
+
 def test_train_with_compiled_autograd_matches_eager_losses():
     settings = TrainSettings(model="convnet", layers=1, steps=2, compiler="nop",
                              compiled_autograd=True, variants=("eager", "aot_pipeline"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PartitionError(RuntimeError):
     """Base class for every error the partitioners raise on bad joint graphs."""
@@ -67,10 +69,14 @@ class UnreachableMemoryBudgetError(ValueError):
     def __init__(self, what: str, cap: int, least: int, least_label: str,
                  verb: str = "save") -> None:
         self.what, self.cap, self.least, self.least_label = what, cap, least, least_label
+        self.verb = verb
         super().__init__(
             f"{what} {cap} bytes is unreachable: the least this graph can {verb} is "
             f"{least} bytes ({least_label})"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a worker process's error)
+        return (type(self), (self.what, self.cap, self.least, self.least_label, self.verb))
 
 
 class FlagConflictError(ValueError):
@@ -80,6 +86,7 @@ class FlagConflictError(ValueError):
     def __init__(self, name: str, torch_value: object, our_value: object,
                  problem: str | None = None) -> None:
         self.name, self.torch_value, self.our_value = name, torch_value, our_value
+        self.problem = problem
         if problem is None:
             problem = ("both are set and they differ; set one of them only (or both to the "
                        "same value)")
@@ -87,6 +94,9 @@ class FlagConflictError(ValueError):
             f"torch._functorch.config.{name} = {torch_value!r} and "
             f"aot_config.functorch.{name} = {our_value!r}: {problem}"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.torch_value, self.our_value, self.problem))
 
 
 class PartitionDisagreementError(PartitionError):

@@ -86,6 +86,9 @@ class OptionFlagConflictError(PipelineOptionError):
             f"aot_pipeline option {option}={value!r} and the flag {flag} = {flag_value!r} "
             "disagree; drop the option or unset the flag (or give both the same value)")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a worker process's error)
+        return (type(self), (self.option, self.value, self.flag, self.flag_value))
+
 
 def _flag_source(flag: str) -> str:
     """Where a set partitioner flag was set: ours, else torch's."""
@@ -488,9 +491,25 @@ def aot_pipeline_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 aot_pipeline_backend.reset = _reset  # type: ignore[attr-defined]
 
 
+class _LoadedAtLookup:
+    """What Dynamo's registry holds for our name until ``torch.compile`` looks it up, as an
+    entry point would be held: loading it imports Inductor's ``compile_fx``, at
+    ``torch.compile(...)``, before Dynamo traces, as ``backend="inductor"`` does (imported
+    inside Dynamo's compile instead, it ran under Dynamo's frame-evaluation hook and made a warm
+    compile through the name 5-6% slower than Inductor's). Users of the name with
+    ``compiler="nop"`` pay that import (about 0.6 s of CPU once per process) without needing
+    it: ``make_backend(options)`` and ``aot_pipeline.compile()`` import it only for Inductor."""
+
+    name = "aot_pipeline"
+
+    def load(self) -> Callable[..., CompiledGraph]:
+        _compat.compile_fx()
+        return aot_pipeline_backend
+
+
 def _name_in_dynamo_registry() -> bool:
-    """Register ``aot_pipeline_backend`` under its name in Dynamo's registry; False when the
-    name is taken (a user's own back end keeps it).
+    """Name ``aot_pipeline`` in Dynamo's registry, loaded at lookup (``_LoadedAtLookup``);
+    False when the name is known already.
 
     Without this, ``torch.compile(backend="aot_pipeline")`` finds us through our
     ``torch_dynamo_backends`` entry point, and torch's ``lookup_backend`` first imports every
@@ -498,19 +517,17 @@ def _name_in_dynamo_registry() -> bool:
     registered yet: 0.2 s of CPU per process, which ``backend="inductor"`` never pays. Once
     this module is imported the name resolves directly, to the same function.
 
-    Not when the registry knows the name already: either the scan ran (then torch registers
-    our entry point itself, and is importing us right now to do so: a second registration
-    would be refused) or a user's back end took it.
+    Not when the registry knows the name already: either the scan ran (then torch loads our
+    entry point itself, ``registered.py``, which does the same) or a user's back end took it.
     """
     from torch._dynamo.backends import registry
 
     known = getattr(registry, "_BACKENDS", None)  # None: another torch layout, leave it be
-    if known is None or "aot_pipeline" in known:
+    functions = getattr(registry, "_COMPILER_FNS", None)
+    if known is None or functions is None or "aot_pipeline" in known \
+            or "aot_pipeline" in functions:
         return False
-    try:
-        registry.register_backend(compiler_fn=aot_pipeline_backend, name="aot_pipeline")
-    except AssertionError:  # "duplicate name": registered under our name by someone else
-        return False
+    known["aot_pipeline"] = _LoadedAtLookup()
     return True
 
 

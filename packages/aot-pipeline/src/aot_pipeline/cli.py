@@ -481,7 +481,9 @@ def _train(args: argparse.Namespace) -> int:
         memory_budget_best_effort=args.memory_budget_best_effort,
     )
     options = settings.pipeline_options()  # a given option a set flag contradicts fails here
-    results = train_all(settings, progress=not args.no_progress)
+    # Each compiled variant in a fresh process with an empty Inductor cache: compile times
+    # are cold for all, not only for whichever variant happens to run first.
+    results = train_all(settings, progress=not args.no_progress, isolated=True)
     print(f"{args.spec.label}, {args.steps} steps on {args.device}; ours: "
           f"{_options_budget_words(options)}, solver {options.solver}, compiler {args.compiler}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")

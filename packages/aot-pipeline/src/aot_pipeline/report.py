@@ -33,7 +33,7 @@ def format_bytes(nbytes: int | None) -> str:
 
 def train_table(results: Sequence[TrainResult]) -> str:
     show_peak = any(r.peak_memory_bytes is not None for r in results)
-    headers = ["variant", "step 1 (compile) s", "step ms", "last loss", "saved activations"]
+    headers = ["variant", "step 1 (cold compile) s", "step ms", "last loss", "saved activations"]
     if show_peak:
         headers.append("peak CUDA memory")
     headers.append("loss matches eager")
