@@ -75,11 +75,12 @@ def test_transformers_trainer_with_a_model_compiled_by_aot_pipeline(tmp_path):
 def test_trainers_own_torch_compile_backend_cannot_name_us(tmp_path):
     """Why the recipe compiles the model itself: accelerate turns
     ``torch_compile_backend`` into a fixed enum of torch's own back ends (upstream)."""
-    from transformers import TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
+    args = TrainingArguments(output_dir=str(tmp_path), torch_compile=True,
+                             torch_compile_backend="aot_pipeline", use_cpu=True, report_to=[])
     with pytest.raises(ValueError, match="'AOT_PIPELINE' is not a valid DynamoBackend"):
-        TrainingArguments(output_dir=str(tmp_path), torch_compile=True,
-                          torch_compile_backend="aot_pipeline", use_cpu=True, report_to=[])
+        Trainer(model=_tiny_gpt2(), args=args, train_dataset=_Tokens())
 
 
 # ---- Lightning -----------------------------------------------------------------------------
