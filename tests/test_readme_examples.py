@@ -21,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 READMES = [ROOT / "README.md", ROOT / "packages" / "aot-pipeline" / "README.md"]
 # Lines of a bash block that are not examples of ours.
-NOT_OURS = {"uv run pytest"}
+NOT_OURS = {"uv run pytest", "uv run pytest -n 2 --dist loadfile"}
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 
 FACTORY = textwrap.dedent('''

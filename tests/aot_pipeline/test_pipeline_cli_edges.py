@@ -90,3 +90,50 @@ def test_the_opposite_case_zero_and_fractional_sizes_still_read():
     assert parse_byte_size("0B") == 0
     assert parse_byte_size("1.5B") == 1
     assert parse_byte_size("1.5KiB") == 1536
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ("n_embd=abc", "--hf 'gpt2': bad --hf-config: "),
+    ("bogus_key=7", "--hf-config bogus_key=7: GPT2Config has no field 'bogus_key'"),
+    ("n_layr=2", "--hf-config n_layr=2: GPT2Config has no field 'n_layr' (did you mean "
+                 "'n_layer'?)"),
+    ("n_layer=-1", "--hf-config n_layer=-1: must be >= 0 (a count or size; the default is 12)"),
+])
+def test_transformers_config_mistakes_are_named(config, message):
+    from aot_pipeline.options import parse_key_values
+    from aot_pipeline.user_models import ModelSpec, UserModelError
+
+    spec = ModelSpec("hf", "gpt2", config=parse_key_values(config, "--hf-config"))
+    with pytest.raises(UserModelError) as info:
+        spec.build()
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_the_opposite_case_known_fields_build():
+    from aot_pipeline.user_models import ModelSpec
+
+    spec = ModelSpec("hf", "gpt2", config={"n_layer": 1, "n_embd": 16, "n_head": 2})
+    assert sum(p.numel() for p in spec.build().module.parameters()) > 0
+
+
+def test_an_exported_archive_that_expands_to_gigabytes_is_refused_before_reading(tmp_path):
+    import zipfile
+
+    from aot_pipeline.user_models import ModelSpec, UserModelError
+
+    bomb = tmp_path / "bomb.pt2"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("model/data/0", "w", force_zip64=True) as member:
+            chunk = bytes(1 << 20)
+            for _ in range(100):  # 100 MiB of zeros: a few hundred KB compressed
+                member.write(chunk)
+    with pytest.raises(UserModelError, match=r"archive member 'model/data/0' expands to "
+                                             r"104857600 bytes from \d+; refused before reading"):
+        ModelSpec("exported", str(bomb)).build()
+
+
+def test_an_exported_path_that_is_a_folder_is_named_as_such(tmp_path):
+    from aot_pipeline.user_models import ModelSpec, UserModelError
+
+    with pytest.raises(UserModelError, match=r"is a folder; give a .pt2 file"):
+        ModelSpec("exported", str(tmp_path)).build()

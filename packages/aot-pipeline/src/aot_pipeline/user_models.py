@@ -13,12 +13,13 @@ what would be valid.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,11 +202,15 @@ def _optional(package: str, flag: str) -> Any:
 def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     transformers = _optional("transformers", "--hf")
     try:
-        config = transformers.AutoConfig.for_model(spec.name, **dict(spec.config))
-    except ValueError as error:
+        defaults = transformers.AutoConfig.for_model(spec.name)
+    except Exception as error:  # an unknown type (ValueError), or the hub's own errors
         raise UserModelError(f"--hf {spec.name!r}: {_short(error)}") from error
-    except TypeError as error:
-        raise UserModelError(f"--hf {spec.name!r}: bad --hf-config: {_short(error)}") from error
+    _check_hf_config(spec, defaults)
+    try:
+        config = transformers.AutoConfig.for_model(spec.name, **dict(spec.config))
+    except Exception as error:  # a value the config refuses (a str for an int, ...)
+        raise UserModelError(f"--hf {spec.name!r}: bad --hf-config: {type(error).__name__}: "
+                             f"{_short(error)}") from error
     # The first auto class that maps this config (a causal LM's head, else a classifier's, else
     # the bare model); a config it maps but cannot build is the user's error, said as such.
     autos = [getattr(transformers, name) for name in
@@ -227,6 +232,25 @@ def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, 
         vocab = getattr(config, "vocab_size", None) or 2
         inputs = (torch.randint(0, vocab, (HF_BATCH, HF_SEQ)),)
     return _TensorOutput(model), inputs
+
+
+def _check_hf_config(spec: ModelSpec, defaults: Any) -> None:
+    """Each --hf-config key is one of the config's fields (transformers keeps unknown keys as
+    extra attributes: a typo would be ignored), and a count or size is not negative."""
+    import difflib
+
+    known = set(defaults.to_dict())
+    for key, value in dict(spec.config).items():
+        if key not in known and not hasattr(defaults, key):
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UserModelError(f"--hf-config {key}={value!r}: {type(defaults).__name__} has "
+                                 f"no field {key!r}{hint}")
+        default = getattr(defaults, key, None)
+        if (isinstance(value, int) and not isinstance(value, bool) and value < 0
+                and isinstance(default, int) and not isinstance(default, bool) and default >= 0):
+            raise UserModelError(f"--hf-config {key}={value}: must be >= 0 (a count or size; "
+                                 f"the default is {default})")
 
 
 def _constructed(flag: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
@@ -272,13 +296,19 @@ def _from_exported(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]
     import zipfile
 
     path = Path(spec.name)
-    if not path.is_file():
+    if not path.exists():
         raise UserModelError(f"--exported {spec.name!r}: no such file")
+    if not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a pipe or a device)"
+        raise UserModelError(f"--exported {spec.name!r} is {kind}; give a .pt2 file that "
+                             "torch.export.save wrote")
     if not zipfile.is_zipfile(path):  # before torch, which logs a traceback for it
         raise UserModelError(f"--exported {spec.name!r} is not a saved torch.export program "
                              "(torch.export.save writes a .pt2 zip archive)")
+    _check_archive_sizes(spec.name, path)
     try:
-        program = torch.export.load(str(path))
+        with _quiet_torch_export_logs():  # torch logs a traceback before raising; ours is one line
+            program = torch.export.load(str(path))
     except Exception as error:
         raise UserModelError(f"--exported {spec.name!r} is not a saved torch.export program "
                              f"(torch.export.save): {type(error).__name__}: "
@@ -292,6 +322,41 @@ def _from_exported(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]
                              f"({', '.join(kwargs)}) are not supported; export with "
                              "positional inputs")
     return module, tuple(t for t in args if isinstance(t, torch.Tensor))
+
+
+# What an archive member may hold, uncompressed, before it is read: torch reads members whole,
+# so a small file expanding to gigabytes would take that much memory first.
+MAX_EXPORTED_MEMBER_BYTES = 8 << 30
+MAX_EXPORTED_RATIO = 1000  # uncompressed / compressed, beyond which a member is a zip bomb
+
+
+def _check_archive_sizes(name: str, path: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.infolist():
+            ratio = member.file_size / max(member.compress_size, 1)
+            if member.file_size > MAX_EXPORTED_MEMBER_BYTES or (
+                    member.file_size > (64 << 20) and ratio > MAX_EXPORTED_RATIO):
+                raise UserModelError(
+                    f"--exported {name!r}: archive member {member.filename!r} expands to "
+                    f"{member.file_size} bytes from {member.compress_size}; refused before "
+                    "reading it (torch.export.save does not write such members)")
+
+
+@contextlib.contextmanager
+def _quiet_torch_export_logs() -> Iterator[None]:
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torch.export", "torch._export")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 # ---- text arguments -----------------------------------------------------------------------
