@@ -137,3 +137,15 @@ def test_an_exported_path_that_is_a_folder_is_named_as_such(tmp_path):
 
     with pytest.raises(UserModelError, match=r"is a folder; give a .pt2 file"):
         ModelSpec("exported", str(tmp_path)).build()
+
+
+def test_an_input_that_breaks_an_exported_programs_guards_names_input(tmp_path):
+    import torch
+    from aot_pipeline.user_models import ModelSpec, UserModelError
+
+    path = tmp_path / "linear.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)), path)
+    assert ModelSpec("exported", str(path), inputs=("2x4",)).build().module is not None
+    with pytest.raises(UserModelError, match=r"--input does not fit --exported '.*linear.pt2' "
+                                             r"\(its example inputs: 2x4:float32\): "):
+        ModelSpec("exported", str(path), inputs=("2x5",)).build()

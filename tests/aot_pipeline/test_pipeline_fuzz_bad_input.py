@@ -23,7 +23,11 @@ TOKENS = ["train", "pareto", "partition", "--model", "gpt", "mlp", "--layers", "
           "nop", "--variants", "eager,jax", "--json", "--output", "x.png", "--budgets",
           "1,0.5,0", "--device", "cuda", "--no-progress", "-v", "0.5", "1e400MiB", "300MiB",
           "５", "٠.٥", "-1", "nan", "inf", "", "/dev/full", "/dev/null", "..", "a/b.json",
-          "x" * 300, "--no-torch", "--compiled-autograd", "1" * 5000]
+          "x" * 300, "--no-torch", "--compiled-autograd", "1" * 5000,
+          # issue 40's forms: peak budgets, sub-byte sizes, inputs and configs at their limits
+          "2GiB peak", "0.8 peak", "1.5 peak", "peak", "1e-400MiB", "--input", "2x4:int8:1000",
+          "2x" + "9" * 40, "--model-config", "width=" + "-" * 2000, "--hf", "gpt2",
+          "--hf-config", "bogus_key=7", "n_layer=-1", "--exported", "."]
 ARGV = st.lists(st.one_of(st.sampled_from(TOKENS), st.text(max_size=12)), max_size=8)
 
 
@@ -64,7 +68,9 @@ BUDGETS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.booleans(), st.none(),
     st.text(max_size=20), st.binary(max_size=8),
     st.from_regex(r"\A\s?[0-9]{1,400}(\.[0-9]{0,3})?([eE][+-]?[0-9]{1,4})?\s?[kKMGT]?i?[bB]?\Z"),
-    st.sampled_from(["1e400MiB", "0.5", "half", "５MiB", "٥", "inf", "nan", "-0", "1e-400"]),
+    st.sampled_from(["1e400MiB", "0.5", "half", "５MiB", "٥", "inf", "nan", "-0", "1e-400",
+                     "1e-400MiB", "0.5B", "2GiB peak", "0.8 peak", "1.5 peak", "0 peak",
+                     "1e-400MiB peak", " peak"]),
     st.lists(st.floats(), max_size=2),
 )
 

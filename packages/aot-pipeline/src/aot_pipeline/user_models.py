@@ -93,7 +93,9 @@ class ModelSpec:
                    "exported": _from_exported}[self.source]
         module, inputs = builder(self)
         if self.inputs:
-            inputs = parse_input_specs(self.inputs, seed=seed)
+            example, inputs = inputs, parse_input_specs(self.inputs, seed=seed)
+            if self.source == "exported":
+                _check_exported_inputs(self, module, example, inputs)
         if not inputs:
             raise UserModelError(f"{self.label} gave no example inputs; pass their shapes with "
                                  "--input, e.g. --input 2x128:int64")
@@ -322,6 +324,22 @@ def _from_exported(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]
                              f"({', '.join(kwargs)}) are not supported; export with "
                              "positional inputs")
     return module, tuple(t for t in args if isinstance(t, torch.Tensor))
+
+
+def _check_exported_inputs(spec: ModelSpec, module: nn.Module,
+                           example: tuple[torch.Tensor, ...],
+                           given: tuple[torch.Tensor, ...]) -> None:
+    """--input must fit the exported program's guards (its shapes, dtypes, dynamic ranges):
+    one forward under no_grad tells, and a misfit names --input and the example inputs."""
+    try:
+        with torch.no_grad():
+            module(*given)
+    except Exception as error:
+        shapes = ", ".join("x".join(map(str, t.shape)) + f":{str(t.dtype).removeprefix('torch.')}"
+                           for t in example)
+        raise UserModelError(f"--input does not fit --exported {spec.name!r} (its example "
+                             f"inputs: {shapes or 'none'}): {type(error).__name__}: "
+                             f"{_short(error)}") from error
 
 
 # What an archive member may hold, uncompressed, before it is read: torch reads members whole,
