@@ -44,7 +44,8 @@ def test_narrow_terminal_puts_doc_on_its_own_line(capsys, monkeypatch) -> None:
     assert "\n      Apply common-subexpression elimination" in out
 
 
-def test_changed_shows_only_changed_flags_marked(capsys) -> None:
+def test_changed_shows_only_changed_flags_marked(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # the doc column inline, whatever runs the tests
     functorch.activation_memory_budget = 0.5
     code, out, _ = run_cli(capsys, "show", "functorch", "--changed")
     assert code == 0

@@ -264,14 +264,42 @@ def _train_in_child(variant: str, settings: TrainSettings,
     it survives pickling, else as a RuntimeError naming it)."""
     import pickle
 
+    def survives(error: BaseException) -> bool:
+        try:
+            pickle.loads(pickle.dumps(error))
+            return True
+        except Exception:
+            return False
+
     try:
         return train_variant(variant, settings, progress)
     except Exception as error:
-        try:
-            pickle.loads(pickle.dumps(error))
+        # Ours first (an unreachable cap inside torch.compile's BackendCompilerFailed): the
+        # parent reports it as the single process would.
+        for cause in _chain(error):
+            if type(cause).__module__.split(".")[0] in _OUR_PACKAGES and survives(cause):
+                return cause
+        if survives(error):
             return error
-        except Exception:
-            return RuntimeError(f"variant {variant}: {type(error).__name__}: {error}")
+        return RuntimeError(f"variant {variant}: {type(error).__name__}: {error}")
+
+
+_OUR_PACKAGES = frozenset({"aot_config", "aot_partition", "aot_compilers", "compiled_autograd",
+                           "aot_pipeline"})
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and what it wraps (causes, contexts, torch.compile's inner exception)."""
+    seen: list[BaseException] = []
+    stack: list[BaseException | None] = [error]
+    while stack:
+        current = stack.pop(0)
+        if current is None or any(current is e for e in seen):
+            continue
+        seen.append(current)
+        stack += [getattr(current, "inner_exception", None), current.__cause__,
+                  current.__context__]
+    return seen
 
 
 def _progress(steps: range, label: str, enabled: bool) -> Any:
