@@ -32,7 +32,7 @@ import torch.fx as fx
 
 from . import _compat
 from .gc_deferral import full_collections_deferred
-from .options import PipelineOptionError, PipelineOptions, split_options
+from .options import PipelineOptionError, PipelineOptions, inductor_pairs, split_options
 from .recording import PartitionRecorder
 
 if typing.TYPE_CHECKING:
@@ -416,8 +416,8 @@ def resolve_options(options: PipelineOptions | Mapping[str, Any] | None = None,
         ours, inductor = split_options(options, _compat.inductor_config_keys())
         resolved = with_explicit_options(ours)
         if inductor:
-            resolved = replace(resolved,
-                               inductor_options={**resolved.inductor_config, **inductor})
+            resolved = replace(resolved, inductor_options=inductor_pairs(
+                {**resolved.inductor_config, **inductor}))
     return replace(resolved, mode=mode) if mode is not None else resolved
 
 

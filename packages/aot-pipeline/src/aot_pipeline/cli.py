@@ -661,7 +661,7 @@ def _partition(args: argparse.Namespace) -> int:
              "memory_budget_best_effort": args.memory_budget_best_effort}
     # Unset arguments come from the partitioner flags; a set flag contradicting one fails.
     options = with_explicit_options({k: v for k, v in given.items() if v is not None})
-    fraction = options.memory_budget
+    fraction = float(options.memory_budget)  # a float once the options are resolved
     for index, joint in enumerate(joints):
         # A peak is priced as Inductor, the compiler `train` and torch.compile use, compiles it.
         with functorch_flags.patch(
