@@ -41,16 +41,18 @@ from .graph import (
     CoreGraphError,
     CoreNode,
     CorePartition,
+    ban_reasons,
     check_has_backward,
     check_release,
     default_save_costs,
     distances_from_backward,
     partition,
+    partition_banned,
 )
 from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
 from .report import CoreReport, core_report
 from .rules import MAX_DIST_FROM_BW
-from .timeline import CoreMemoryTimeline, decision_kinds, simulate_memory
+from .timeline import CoreMemoryTimeline, recomputed_mask, simulate_memory
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +163,7 @@ class _Search:
                  knapsack: str, options: dict[str, Any]) -> None:
         self.graph, self.release, self.knapsack, self.options = graph, list(release), knapsack, \
             options
+        self._base_bans: dict[int, str] | None = None
         self.runtimes = np.array([node.runtime for node in graph.nodes], dtype=np.float64)
         costs = default_save_costs(graph, recompute_views=options["recompute_views"],
                                    parameters_are_free=options["parameters_are_free"])
@@ -181,10 +184,18 @@ class _Search:
         self._all: list[_Candidate] | None = None
 
     def _candidate(self, label: str, rank: int, released: tuple[str, ...]) -> _Candidate:
-        result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
-                           **self.options)
-        recomputed = np.array(decision_kinds(result)) == "recomputed"
-        runtime = float(self.runtimes[recomputed].sum())
+        if self.options["rules"]:  # graph-wide rules re-read which nodes are banned
+            result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
+                               **self.options)
+        else:  # the runtime-optimal cut's bans less the released nodes: no re-resolving
+            if self._base_bans is None:
+                self._base_bans = ban_reasons(self.graph, bans=self.bans, release=self.release)
+            gone = {self.graph.index[name] for name in released}
+            banned = {i: why for i, why in self._base_bans.items() if i not in gone}
+            result = partition_banned(self.graph, banned, solver=self.options["solver"],
+                                      recompute_views=self.options["recompute_views"],
+                                      parameters_are_free=self.options["parameters_are_free"])
+        runtime = float(self.runtimes[recomputed_mask(result)].sum())
         return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
                           runtime)
 

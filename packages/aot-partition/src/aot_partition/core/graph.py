@@ -801,6 +801,16 @@ def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEF
     check_has_backward(graph)
     banned = ban_reasons(graph, bans=bans, release=release, rules=rules,
                          max_dist_from_bw=max_dist_from_bw)
+    return partition_banned(graph, banned, solver=solver, recompute_views=recompute_views,
+                            parameters_are_free=parameters_are_free)
+
+
+def partition_banned(graph: CoreGraph, banned: dict[int, str], *, solver: str = SOLVER_DEFAULT,
+                     recompute_views: bool = False,
+                     parameters_are_free: bool = True) -> CorePartition:
+    """``partition`` with the bans already resolved (position -> reason, node order), as
+    ``ban_reasons`` gives them: a budget search cuts many times with bans that differ only by
+    the nodes it releases, and skips checking and resolving them again."""
     network = build_network(graph, banned, recompute_views=recompute_views,
                             parameters_are_free=parameters_are_free)
     cut = get_solver(solver)(network)

@@ -50,6 +50,20 @@ def _reaches_sink(result: CorePartition) -> np.ndarray:
     return reaches[2 + 2 * np.arange(len(result.graph.nodes))]
 
 
+def recomputed_mask(result: CorePartition) -> np.ndarray:
+    """Per node, whether ``decision_kinds`` calls it "recomputed" (a forward node the backward
+    reaches through the cut, not saved, not in the backward), as one boolean array."""
+    graph = result.graph
+    nodes = graph.nodes
+    forward = graph._cache.get("forward mask")
+    if forward is None:  # per graph: a budget search asks for every candidate cut
+        forward = graph._cache["forward mask"] = np.fromiter(
+            (n.forward and not n.in_backward for n in nodes), dtype=bool, count=len(nodes))
+    saved = np.zeros(len(nodes), dtype=bool)
+    saved[result.saved_indices] = True
+    return forward & ~saved & _reaches_sink(result)
+
+
 def decision_kinds(result: CorePartition) -> list[str]:
     """Per node, its decision's kind (saved, recomputed, backward, forward) as
     ``result.decisions`` has it, without building every decision and its reason."""
