@@ -122,4 +122,7 @@ def test_the_readme_foreign_front_end_runs_verbatim_without_torch():
                         "8.51968e+06")
     assert "  h: recomputed in backward: the budget lifted its ban (recomputing it costs " \
            "runtime 8.38861e+06)" in lines
+    # the third budget kind: a peak cap (every cut here peaks the same, so the fastest is kept)
+    assert lines[-1].startswith("simulated peak cap 2000000 bytes: took the runtime-optimal "
+                                "cut; saves 524288 bytes, simulated peak 1785860 bytes")
     assert done.stderr == ""
