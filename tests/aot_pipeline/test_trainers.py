@@ -49,6 +49,7 @@ class _Tokens(torch.utils.data.Dataset):
 
 
 def _hf_trainer_losses(tmp_path, backend: str, **compile_kwargs) -> list[float]:
+    pytest.importorskip("accelerate")  # the Trainer needs it (the workspace's trainers group)
     from transformers import Trainer, TrainingArguments
 
     torch._dynamo.reset()
@@ -75,6 +76,7 @@ def test_transformers_trainer_with_a_model_compiled_by_aot_pipeline(tmp_path):
 def test_trainers_own_torch_compile_backend_cannot_name_us(tmp_path):
     """Why the recipe compiles the model itself: accelerate turns
     ``torch_compile_backend`` into a fixed enum of torch's own back ends (upstream)."""
+    pytest.importorskip("accelerate")
     from transformers import Trainer, TrainingArguments
 
     args = TrainingArguments(output_dir=str(tmp_path), torch_compile=True,
@@ -86,7 +88,7 @@ def test_trainers_own_torch_compile_backend_cannot_name_us(tmp_path):
 # ---- Lightning -----------------------------------------------------------------------------
 
 def _lightning_losses(backend: str) -> list[float]:
-    import pytorch_lightning as pl
+    pl = pytest.importorskip("pytorch_lightning")
     from aot_pipeline.models import GPT
 
     class LitGPT(pl.LightningModule):
