@@ -224,3 +224,45 @@ def test_a_released_node_is_no_knapsack_item():
     assert answer.saved == ("x", "w", "relu")
     assert partition_under_budget(mlp(), fraction=1.0, release=("mm", "relu")).saved == ("x",
                                                                                          "w")
+
+
+def _repeated_layers(layers: int = 40) -> CoreGraph:
+    """A chain of ``layers`` identical 3-node layers (the same bytes and runtimes per layer
+    position) and its backward: the knapsack's items repeat ``layers`` times."""
+    nodes = [CoreNode("x", nbytes=64, category="input", forward=True)]
+    prev = "x"
+    for layer in range(layers):
+        for k, runtime in enumerate((5.0, 1.0, 3.0)):
+            name = f"f{layer}_{k}"
+            nodes.append(CoreNode(name, (prev,), nbytes=64 * (k + 1), category="pointwise",
+                                  forward=True, runtime=runtime))
+            prev = name
+    nodes.append(CoreNode("g", nbytes=64, category="tangent", in_backward=True))
+    back = "g"
+    for layer in reversed(range(layers)):
+        for k in reversed(range(3)):
+            name = f"b{layer}_{k}"
+            nodes.append(CoreNode(name, (back, f"f{layer}_{k}"), nbytes=64, category="pointwise",
+                                  in_backward=True, backward=(layer == 0 and k == 0)))
+            back = name
+    return CoreGraph(tuple(nodes))
+
+
+def test_repeated_layers_solve_one_bounded_item_per_kind_with_the_same_optimum():
+    from aot_partition.core.budget import _grouped
+    from aot_partition.core.knapsack import dp_knapsack
+
+    graph = _repeated_layers()
+    answers = [partition_under_budget(graph, fraction=i / 32) for i in range(33)]
+    saved = [a.saved_bytes for a in answers]
+    runtime = [a.recompute_runtime for a in answers]
+    assert saved == sorted(saved) and runtime == sorted(runtime, reverse=True)
+    assert len(set(saved)) > 10  # many distinct cuts, not three
+    # The grouped knapsack keeps as much runtime as the item-by-item one, at every fraction.
+    memories = [64.0 * (k + 1) / 7680 for _ in range(40) for k in range(3)]
+    runtimes = [r for _ in range(40) for r in (5.0, 1.0, 3.0)]
+    solve = _grouped(dp_knapsack, memories, runtimes)
+    for fraction in (0.1, 0.25, 0.5, 0.75, 0.9):
+        kept = set(range(len(memories))) - set(solve(fraction))
+        assert sum(memories[k] for k in kept) <= fraction + 1e-9
+        assert sum(runtimes[k] for k in kept) == dp_knapsack(memories, runtimes, fraction)[0]

@@ -213,9 +213,9 @@ class _Search:
         if span > 0 and self.items:
             memories = [graph.nodes[index[name]].nbytes / span for name in self.items]
             runtimes = [graph.nodes[index[name]].runtime for name in self.items]
-            solve = get_knapsack_solver(self.knapsack)
+            solve = _grouped(get_knapsack_solver(self.knapsack), memories, runtimes)
             for fraction in BUDGET_FRACTIONS[1:-1]:
-                _, _, recompute = solve(memories, runtimes, fraction)
+                recompute = solve(fraction)
                 released = tuple(self.items[k] for k in recompute)
                 if released not in found:
                     found[released] = self._candidate(f"budget {fraction:g}", len(found),
@@ -231,6 +231,39 @@ class _Search:
         candidates = self.candidates()
         everything = candidates[1] if len(candidates) > 1 else candidates[0]
         return everything.saved_bytes, self.optimal.saved_bytes
+
+
+def _grouped(solve: Any, memories: list[float], runtimes: list[float]) -> Any:
+    """``fraction -> released item positions``: the knapsack over ``memories`` / ``runtimes``
+    with identical items (the same bytes and runtime: a repeated layer's nodes) solved as one
+    bounded item each, split in binary parts (1, 2, 4, ..., the rest: every count in between is
+    reachable), so a 32-layer model's knapsack is a 32nd of the size. A group's released count
+    goes to its first items in graph order, the same ones at every fraction that releases as
+    many. Without repeats the knapsack is solved as given."""
+    groups: dict[tuple[float, float], list[int]] = {}
+    for k, key in enumerate(zip(memories, runtimes)):
+        groups.setdefault(key, []).append(k)
+    if len(groups) == len(memories):
+        return lambda fraction: solve(memories, runtimes, fraction)[2]
+    parts: list[tuple[tuple[float, float], int]] = []
+    for key, members in groups.items():
+        count, size = len(members), 1
+        while count > 0:
+            take = min(size, count)
+            parts.append((key, take))
+            count -= take
+            size *= 2
+    part_memories = [key[0] * take for key, take in parts]
+    part_runtimes = [key[1] * take for key, take in parts]
+
+    def released(fraction: float) -> list[int]:
+        counts: dict[tuple[float, float], int] = {}
+        for p in solve(part_memories, part_runtimes, fraction)[2]:
+            key, take = parts[p]
+            counts[key] = counts.get(key, 0) + take
+        return sorted(k for key, n in counts.items() for k in groups[key][:n])
+
+    return released
 
 
 def _never_released(node: CoreNode) -> bool:
