@@ -37,6 +37,28 @@ def tiny_gpt(vocab: int = 256, dim: int = 64, layers: int = 1, seq: int = 64,
     return LanguageModelStep(module, (ids, ids.clone()))
 
 
+class ClassifierStep(LanguageModelStep):
+    """An image classifier and a batch of images and labels; ``step(x, y)`` returns the loss."""
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return F.cross_entropy(self.module(x), y)
+
+
+def wide_convnet(width: int = 256, batch: int = 4, side: int = 4) -> ClassifierStep:
+    """Three 3x3 convolutions of ``width`` channels on small images: weights larger than the
+    activations, so oneDNN's convolution backward (grad weight plus a weight-size scratch)
+    makes the step's peak."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, 10))
+    g = torch.Generator().manual_seed(1)
+    return ClassifierStep(net, (torch.randn(batch, 3, side, side, generator=g),
+                                torch.randint(0, 10, (batch,), generator=g)))
+
+
 @dataclass
 class CompiledStep:
     """A step compiled by aot_pipeline, keeping a copy of each partition as the partitioner

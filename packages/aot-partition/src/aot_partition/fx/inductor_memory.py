@@ -42,7 +42,7 @@ from .memory import (
     _timeline,
     _Value,
 )
-from .sizes import saved_bytes, storage_key
+from .sizes import saved_bytes, storage_key, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -347,10 +347,11 @@ def _extern_origin(node: Any) -> fx.Node | None:
     return found[0] if len(found) == 1 else None
 
 
-def _extern_workspace(node: Any) -> list[Event]:
+def _extern_workspace(node: Any, with_outputs: bool = False) -> list[Event]:
     """The workspace event of an extern kernel whose op can be measured (none if 0): its FX
     op run on tensors laid out as the kernel's inputs are (Inductor may have made them
-    channels-last, which changes what a library reorders)."""
+    channels-last, which changes what a library reorders). ``with_outputs``: the transient
+    includes the op's outputs (a multi-output kernel's items, not yet allocated here)."""
     from .memory import profiled_workspace
 
     origin = _extern_origin(node)
@@ -367,6 +368,9 @@ def _extern_workspace(node: Any) -> list[Event]:
             except Exception:  # a symbolic stride: the value's own
                 continue
     nbytes = profiled_workspace(origin, strides)
+    if nbytes and with_outputs:
+        nbytes += sum(tensor_nbytes(v) for v in pytree.tree_leaves(origin.meta["val"])
+                      if isinstance(v, torch.Tensor))
     return [Workspace(_label(node), nbytes)] if nbytes else []
 
 
@@ -407,7 +411,10 @@ def _program(lowering: Any, gm: fx.GraphModule, workspace: bool = False
             else:
                 events.append(Alloc(node.get_name(), _nbytes(lowering, node), _label(node)))
             if workspace:
-                events.extend(_extern_workspace(node))
+                # A tuple's items are bound after the call (and after frees of its inputs),
+                # but the library allocated them before its scratch: they peak together.
+                events.extend(_extern_workspace(
+                    node, with_outputs=isinstance(node.layout, ir.MultiOutputLayout)))
         elif kind == "MultiOutputLine":
             events.extend(_tuple_item(lowering, line))
         elif kind in ("KernelCallLine", "ExternKernelOutLine", "ExternKernelMultiOutLine"):
