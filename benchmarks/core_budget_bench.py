@@ -10,6 +10,17 @@ timed first in the same process, median of 5. Scipy's own first import is exclud
 call before the clock.
 
     uv run python benchmarks/core_budget_bench.py --results
+
+``--scale`` (issue 41, item 4) times ``partition_under_budget`` at 0.5 on a fresh graph
+(building and loading not timed, median of ``--repeats``; scipy imported before the clock) on a
+50,000-node chain (25,000 forward nodes, 7 runtime kinds, and its backward) and on GPT-32's core
+graph: the built-in GPT with 32 layers traced by AOTAutograd (torch needed), described by the fx
+adapter (``fx_core_graph``: the fx path's bans written into the nodes), once as the adapter gives
+it (no runtimes) and once with each forward node's ``runtime`` set to its roofline estimate in
+microseconds. It also prints the jaxpr-like transformer's ``dots_saveable`` comparison of
+``tests/aot_partition/test_core_budget_resolution.py``.
+
+    uv run python benchmarks/core_budget_bench.py --scale
 """
 
 from __future__ import annotations
@@ -83,12 +94,123 @@ def import_times(runs: int = 5) -> tuple[float, float]:
             statistics.median(c for _, c in found) * 1e3)
 
 
+def chain(forward: int = 25_000, kinds: int = 7) -> CoreGraph:
+    """x -> f0 -> ... -> f{forward-1} and the backward reading each: 2 * forward + 2 nodes."""
+    nodes = [CoreNode("x", nbytes=64, category="input", forward=True)]
+    prev = "x"
+    for i in range(forward):
+        nodes.append(CoreNode(f"f{i}", (prev,), nbytes=64 * (1 + i % 3), category="pointwise",
+                              forward=True, runtime=float(1 + i % kinds)))
+        prev = f"f{i}"
+    nodes.append(CoreNode("g", nbytes=64, category="tangent", in_backward=True))
+    back = "g"
+    for i in reversed(range(forward)):
+        nodes.append(CoreNode(f"b{i}", (back, f"f{i}"), nbytes=64, category="pointwise",
+                              in_backward=True, backward=i == 0))
+        back = f"b{i}"
+    return CoreGraph(tuple(nodes))
+
+
+def gpt32_core_graphs() -> tuple[list[dict], list[dict]]:
+    """GPT-32's core graph as plain dicts: (as the fx adapter gives it, with runtimes)."""
+    import copy
+    from dataclasses import replace
+
+    from aot_partition.config import MinCutOptions, PartitionConfig
+    from aot_partition.fx.classify import classify, default_op_types
+    from aot_partition.fx.estimators import roofline_runtime
+    from aot_partition.fx.network import fx_core_graph
+    from aot_partition.fx.policy import PolicyContext
+    from aot_partition.fx.prepare import prepared_joint
+    from aot_pipeline.models import build_model
+    from functorch.compile import aot_module, make_boxed_func  # type: ignore[import-untyped]
+    from torch._functorch import partitioners as torch_partitioners
+
+    built = build_model("gpt", layers=32)
+    found = []
+
+    def recording(joint, joint_inputs, **kwargs):
+        found.append((copy.deepcopy(joint), kwargs["num_fwd_outputs"]))
+        return torch_partitioners.default_partition(joint, joint_inputs, **kwargs)
+
+    aot_module(built.module, fw_compiler=lambda g, _: make_boxed_func(g),
+               bw_compiler=lambda g, _: make_boxed_func(g),
+               partition_fn=recording)(*built.make_inputs())
+    joint, num_fwd_outputs = found[0]
+    with prepared_joint(joint, num_fwd_outputs):
+        info = classify(joint, num_fwd_outputs)
+        ctx = PolicyContext.create(default_op_types(), info, MinCutOptions(), PartitionConfig())
+        graph = fx_core_graph(joint.graph, ctx)
+        fx_nodes = {n.name: n for n in joint.graph.nodes}
+        timed = []
+        for node in graph.nodes:
+            fx_node = fx_nodes[node.id]
+            runtime = 0.0
+            if node.forward and fx_node.op == "call_function":
+                try:
+                    runtime = float(roofline_runtime(fx_node)) * 1e6
+                except Exception:  # noqa: BLE001 - an op the estimator cannot price: 0
+                    runtime = 0.0
+            timed.append(replace(node, runtime=runtime))
+    return graph.to_dicts(), CoreGraph(tuple(timed)).to_dicts()
+
+
+def scale(repeats: int) -> list[str]:
+    """Lines: the 50,000-node chain and GPT-32's core graph at 0.5; the dots_saveable check."""
+    def timed(make: object, label: str) -> str:
+        times = []
+        for _ in range(repeats):
+            graph = make()  # type: ignore[operator]
+            start = time.perf_counter()
+            answer = partition_under_budget(graph, fraction=0.5)
+            times.append(time.perf_counter() - start)
+        return (f"| {label} | {len(graph.nodes)} | {statistics.median(times) * 1e3:.0f} | "
+                f"{min(times) * 1e3:.0f} | {answer.label} |")
+
+    lines = ["| graph | nodes | 0.5 median ms | 0.5 best ms | answer |", "|---|---:|---:|---:|---|",
+             timed(chain, "chain, 25,000 forward nodes")]
+    try:
+        plain, with_runtimes = gpt32_core_graphs()
+    except ImportError as exc:  # the core alone: no torch
+        lines.append(f"(GPT-32 skipped: {exc})")
+    else:
+        lines += [timed(lambda: CoreGraph.from_dicts(plain), "GPT-32 core graph (adapter)"),
+                  timed(lambda: CoreGraph.from_dicts(with_runtimes),
+                        "GPT-32 core graph + roofline runtimes")]
+    sys.path.insert(0, str(HERE.parent / "tests" / "aot_partition"))
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from test_core_budget_resolution import (  # type: ignore[import-not-found]
+        policy_cut,
+        transformer_step,
+    )
+
+    graph, batched = transformer_step()
+    for name, saveable in (("dots_saveable", lambda n: n.op == "dot_general"),
+                           ("dots_with_no_batch_dims_saveable",
+                            lambda n: n.op == "dot_general" and n.id not in batched)):
+        nbytes, flops = policy_cut(graph, saveable)
+        ours = partition_under_budget(graph, max_saved_bytes=nbytes)
+        lines.append(f"- transformer ({len(graph.nodes)} nodes), jax {name}: saves {nbytes:,} "
+                     f"bytes, recomputes {flops:,.0f} FLOPs; the core under that cap saves "
+                     f"{ours.saved_bytes:,}, recomputes {ours.recompute_runtime:,.0f}")
+    answers = [partition_under_budget(graph, fraction=i / 32) for i in range(33)]
+    lines.append(f"- transformer: 33 fractions give {len({a.saved for a in answers})} distinct "
+                 "cuts")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--results", action="store_true",
                         help="write benchmarks/RESULTS-core-budget.md")
+    parser.add_argument("--scale", action="store_true",
+                        help="only the 50,000-node chain, GPT-32 and dots_saveable (printed)")
     args = parser.parse_args()
+    if args.scale:
+        partition_under_budget(deep_mlp(2), fraction=0.5)  # scipy's first import, not timed
+        print("\n".join(scale(args.repeats)))
+        return
     partition_under_budget(deep_mlp(2), fraction=0.5)  # scipy's first import, not timed
     rows = []
     for layers in (8, 64, 256):

@@ -15,13 +15,32 @@ The search, runtime-aware:
    (parameters free under ``parameters_are_free``: they live anyway), its recompute runtime
    (the summed ``runtime`` of what the backward recomputes) and, under a peak cap, its
    simulated peak (timeline.py).
-4. A budget chooses among the candidates that fit it: the runtime-optimal cut when it fits,
-   else the least recompute runtime, then the fewer bytes, then the earlier candidate. The
-   candidates do not depend on the budget, so the answer is monotone: a larger budget never
-   saves fewer bytes nor recomputes more runtime. A fraction ``f`` allows
-   ``least + f * (optimal - least)`` saved bytes, ``least`` being the recompute-everything
-   cut's and ``optimal`` the runtime-optimal cut's; at 1.0 the answer is the runtime-optimal
-   cut. A cap nothing meets raises UnreachableMemoryBudgetError naming the least reachable.
+4. A budget chooses among the cuts that fit it: the runtime-optimal cut when it fits, else
+   the least recompute runtime, then the fewer bytes, then the earlier candidate. A fraction
+   ``f`` allows ``least + f * (optimal - least)`` saved bytes, ``least`` being the
+   recompute-everything cut's and ``optimal`` the runtime-optimal cut's; at 1.0 the answer is
+   the runtime-optimal cut. A cap nothing meets raises UnreachableMemoryBudgetError naming the
+   least reachable candidate.
+5. Refinement, the search's resolution. The knapsack weighs items' bytes, not the cut's, so a
+   candidate may save much less than its fraction allows (or overshoot it). A limit is refined
+   when the best cut meeting it measures at most a floor below it and a fixed candidate with
+   less recompute misses it: from the nearest such candidate (the fewest bytes above the
+   limit), (a) the knapsack over what it keeps saved, re-solved to free just enough bytes (the
+   bytes to free bisected, at most REPAIR_TRIES cuts), then, if no cut above the floor came of
+   it, (b) what it keeps saved released one item at a time, least runtime per byte first,
+   bisected to a single item: the smallest count whose cut meets the limit. Every cut tried
+   that meets the limit is a choice. The floor of fraction i/32 (1 <= i <= 31) is the limit of
+   (i-1)/32: **every fraction i/32 gets a cut saving more than (i-1)/32 may, a cut of its own,
+   unless the refinement finds none**: (b) then showed that, along its order, keeping one item
+   more saved misses the limit while releasing it drops below the floor. The floor of any
+   other budget (a cap, a fraction off the 1/32 grid) is 1/1024 of the candidates' range below
+   its limit (REFINE_STEPS).
+6. Monotone and deterministic: a byte budget also takes the refined answer of every fraction
+   i/32 whose limit it meets (each a fixed function of the graph and options, cached), so
+   answers at the 1/32 fractions are monotone (a larger fraction never saves fewer bytes nor
+   recomputes more) and no budget does worse than the 1/32 fractions below it. A cap's or an
+   off-grid fraction's own refinement only improves on that; the cuts tried are memoized, but
+   an answer never depends on the calls made before.
 """
 
 from __future__ import annotations
@@ -59,7 +78,12 @@ log = logging.getLogger(__name__)
 __all__ = ["BUDGET_FRACTIONS", "BudgetedPartition", "CoreBudget", "partition_under_budget"]
 
 # The fractions whose knapsack cuts are candidates (1, 31/32, ..., 0), as budget/caps.py has.
-BUDGET_FRACTIONS = tuple(i / 32 for i in range(32, -1, -1))
+GRID = 32
+BUDGET_FRACTIONS = tuple(i / GRID for i in range(GRID, -1, -1))
+# A refinement stops within 1/REFINE_STEPS of the measure's range below its limit.
+REFINE_STEPS = 1024
+REPAIR_TRIES = 8
+_PROBE_RANK = 1 << 30  # after every fixed candidate; ties among probes: by released items
 RUNTIME_BAN = "recomputing it costs runtime {runtime:g}"
 # UnreachableMemoryBudgetError's wording, per budget kind (budget/caps.py's words).
 _UNREACHABLE_WORDS = {"saved_bytes": ("activation memory budget", "save"),
@@ -90,6 +114,7 @@ class _Candidate:
     released: tuple[str, ...]       # ids whose ban the budget lifted
     saved_bytes: int
     recompute_runtime: float
+    path: tuple[int, ...] = ()       # a refinement's probe: its released items' positions
     _peak: list[CoreMemoryTimeline] = field(default_factory=list, compare=False, repr=False)
 
     @property
@@ -181,9 +206,15 @@ class _Search:
         self.items = [name for name in self.optimal.result.banned
                       if not _never_released(graph.nodes[index[name]])
                       and dist[index[name]] < int(1e9) and math.isfinite(costs[index[name]])]
+        self._position = {name: k for k, name in enumerate(self.items)}
         self._all: list[_Candidate] | None = None
+        # Cuts by released set: the fixed candidates and every refinement's probes.
+        self._cuts: dict[tuple[str, ...], _Candidate] = {(): self.optimal}
+        self._grid: dict[int, _Candidate] = {}     # i -> the refined answer at fraction i/32
+        self._tolerances: dict[str, float] = {}
 
-    def _candidate(self, label: str, rank: int, released: tuple[str, ...]) -> _Candidate:
+    def _candidate(self, label: str, rank: int, released: tuple[str, ...],
+                   path: tuple[int, ...] = ()) -> _Candidate:
         if self.options["rules"]:  # graph-wide rules re-read which nodes are banned
             result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
                                **self.options)
@@ -197,10 +228,10 @@ class _Search:
                                       parameters_are_free=self.options["parameters_are_free"])
         runtime = float(self.runtimes[recomputed_mask(result)].sum())
         return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
-                          runtime)
+                          runtime, path)
 
     def candidates(self) -> list[_Candidate]:
-        """Every candidate, the runtime-optimal first (see the module doc)."""
+        """Every fixed candidate, the runtime-optimal first (see the module doc)."""
         if self._all is not None:
             return self._all
         graph, index = self.graph, self.graph.index
@@ -222,6 +253,7 @@ class _Search:
                                                       released)
         ordered = sorted(found.values(), key=lambda c: c.rank)
         self._all = ordered
+        self._cuts.update(found)
         log.debug("core budget: %d candidate cuts over %d knapsack items", len(ordered),
                   len(self.items))
         return ordered
@@ -232,6 +264,119 @@ class _Search:
         everything = candidates[1] if len(candidates) > 1 else candidates[0]
         return everything.saved_bytes, self.optimal.saved_bytes
 
+    def fraction_limit(self, fraction: float) -> float:
+        least, most = self.least_and_most()
+        return least + fraction * (most - least)
+
+    def tolerance(self, kind: str) -> float:
+        """How close to its limit a refined cut must come: 1/1024 of the candidates' range
+        of the measure (saved bytes: recompute-everything to runtime-optimal)."""
+        if kind not in self._tolerances:
+            measures = [c.measure(kind) for c in self.candidates()]
+            self._tolerances[kind] = (max(measures) - min(measures)) / REFINE_STEPS
+        return self._tolerances[kind]
+
+    def grid_answer(self, i: int) -> _Candidate:
+        """The refined answer at fraction i/32 (1 <= i <= 31), from the fixed candidates and
+        the refined answers below it, refined above the limit of (i-1)/32 (module doc, step
+        5): a fixed function of the graph and options."""
+        found = self._grid.get(i)
+        if found is None:
+            limit = self.fraction_limit(BUDGET_FRACTIONS[GRID - i])
+            start = [c for c in self.candidates() if c.saved_bytes <= limit]
+            start += [self.grid_answer(j) for j in range(1, i)]
+            floor = self.fraction_limit(BUDGET_FRACTIONS[GRID - i + 1])
+            found = self._grid[i] = _best(self.refine(limit, "saved_bytes", start, floor))
+        return found
+
+    def refine(self, limit: float, kind: str, fitting: list[_Candidate],
+               floor: float | None = None) -> list[_Candidate]:
+        """``fitting`` (candidates that meet ``limit``, at least one) and the cuts refining
+        finds when the best of them measures ``floor`` or less (default: 1/1024 of the
+        candidates' range below ``limit``) and a candidate with less recompute misses the
+        limit (see the module doc, step 5)."""
+        if floor is None:
+            floor = limit - self.tolerance(kind)
+        best = _best(fitting, kind)
+        if best.measure(kind) > floor:
+            return fitting
+        better = [c for c in self.candidates()
+                  if c.measure(kind) > limit and c.recompute_runtime < best.recompute_runtime]
+        if not better:
+            return fitting
+        miss = min(better, key=lambda c: (c.measure(kind), c.recompute_runtime, c.rank))
+        found = fitting + self._repair(miss, limit, kind, floor)
+        if _best(found, kind).measure(kind) <= floor:
+            found += self._one_by_one(miss, limit, kind, floor)
+        return found
+
+    def _probe(self, released: set[str]) -> _Candidate:
+        key = tuple(sorted(released, key=self._position.__getitem__))
+        candidate = self._cuts.get(key)
+        if candidate is None:
+            # The label names the cut only (a probe is shared by every refinement reaching it)
+            candidate = self._cuts[key] = self._candidate(
+                f"refined: {len(key)} of {len(self.items)} items released", _PROBE_RANK, key,
+                tuple(self._position[n] for n in key))
+        return candidate
+
+    def _one_by_one(self, miss: _Candidate, limit: float, kind: str,
+                    floor: float) -> list[_Candidate]:
+        """From ``miss`` on, release what it keeps saved one item at a time, least runtime
+        per byte first: bisect the smallest count whose cut meets ``limit`` (stopping early
+        at one above ``floor``); the probes that meet it."""
+        index, nodes = self.graph.index, self.graph.nodes
+        released = set(miss.released)
+        order = sorted((name for name in self.items if name not in released),
+                       key=lambda name: (_per_byte(nodes[index[name]]), self._position[name]))
+        found: list[_Candidate] = []
+        good, bad = len(order), 0  # releasing order[:good] meets the limit (everything does)
+        while good - bad > 1:
+            middle = (good + bad) // 2
+            candidate = self._probe({*released, *order[:middle]})
+            if candidate.measure(kind) <= limit:
+                found.append(candidate)
+                good = middle
+                if candidate.measure(kind) > floor:
+                    break
+            else:
+                bad = middle
+        return found
+
+    def _repair(self, miss: _Candidate, limit: float, kind: str,
+                floor: float) -> list[_Candidate]:
+        """From ``miss`` on, the knapsack over what it keeps saved with the capacity less its
+        overshoot: the least runtime released to free that many bytes; if the cut still
+        overshoots, the overshoot grows by what is left, up to REPAIR_TRIES times."""
+        index, nodes = self.graph.index, self.graph.nodes
+        released = set(miss.released)
+        kept = [name for name in self.items if name not in released]
+        weights = [nodes[index[name]].nbytes for name in kept]
+        total = sum(weights)
+        if not total:
+            return []
+        solve = _grouped(get_knapsack_solver(self.knapsack), [w / total for w in weights],
+                         [nodes[index[name]].runtime for name in kept])
+        # Bisect the bytes to free (the cut's bytes fall by more or less than the items'):
+        # ``low`` frees too little, ``high`` enough; start at the overshoot, double until
+        # enough, then halve the interval, REPAIR_TRIES probes at most.
+        low, high = 0.0, math.inf
+        free = miss.measure(kind) - limit
+        found: list[_Candidate] = []
+        for _ in range(REPAIR_TRIES):
+            if free > total or high - low <= 1:
+                break
+            released = {*miss.released, *(kept[k] for k in solve((total - free) / total))}
+            candidate = self._probe(released)
+            if candidate.measure(kind) <= limit:
+                found.append(candidate)
+                high = free
+                if candidate.measure(kind) > floor:
+                    break
+            else:
+                low = free
+            free = 2 * free if math.isinf(high) else (low + high) / 2
+        return found
 
 def _grouped(solve: Any, memories: list[float], runtimes: list[float]) -> Any:
     """``fraction -> released item positions``: the knapsack over ``memories`` / ``runtimes``
@@ -287,6 +432,18 @@ def _search(graph: CoreGraph, bans: Mapping[str, str], release: Collection[str],
     return found
 
 
+def _best(candidates: list[_Candidate], kind: str = "saved_bytes") -> _Candidate:
+    """The least recompute runtime, then the smaller measure, then the earlier candidate
+    (a fixed one's rank; probes by their released items)."""
+    return min(candidates, key=lambda c: (c.rank != 0, c.recompute_runtime, c.measure(kind),
+                                          c.rank, c.path))
+
+
+def _per_byte(node: CoreNode) -> float:
+    """Recompute runtime per byte freed: the order a refinement releases items in."""
+    return node.runtime / node.nbytes if node.nbytes else math.inf
+
+
 def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
     optimal = search.optimal
     if budget.kind == "fraction":
@@ -295,20 +452,24 @@ def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
         least, most = search.least_and_most()
         if most <= least:
             return optimal
-        limit: float = least + budget.value * (most - least)
+        limit: float = search.fraction_limit(budget.value)
         kind = "saved_bytes"
     else:
         limit, kind = budget.value, budget.kind
         if optimal.measure(kind) <= limit:  # an ample cap makes no other cut
             return optimal
     measured = [(c, c.measure(kind)) for c in search.candidates()]
-    fitting = [(c.rank != 0, c.recompute_runtime, m, c.rank, c) for c, m in measured
-               if m <= limit]
+    fitting = [c for c, m in measured if m <= limit]
     if not fitting:
         least_candidate, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
         what, verb = _UNREACHABLE_WORDS[kind]
         raise UnreachableMemoryBudgetError(what, int(limit), amount, least_candidate.label, verb)
-    return min(fitting, key=lambda t: t[:4])[4]
+    if kind == "saved_bytes":  # every refined 1/32 answer the limit meets
+        grid = [i for i in range(1, GRID) if search.fraction_limit(i / GRID) <= limit]
+        fitting += [search.grid_answer(i) for i in grid]
+        if grid and grid[-1] / GRID == budget.value and budget.kind == "fraction":
+            return _best(fitting)  # a 1/32 fraction: its refined answer is among them
+    return _best(search.refine(limit, kind, fitting), kind)
 
 
 def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: float | None = None,

@@ -420,8 +420,13 @@ _REPLAY_CATEGORIES = {"random": "draw different random numbers than the forward 
 def activation_bytes(graph: CoreGraph, indices: Iterable[int]) -> int:
     """Bytes of the values at ``indices`` that saving keeps alive beyond the step's inputs:
     inputs, parameters and seeds cost nothing (they exist before the step either way)."""
-    nodes = graph.nodes
-    return int(sum(nodes[i].nbytes for i in indices if nodes[i].category not in INPUT_CATEGORIES))
+    per_node = graph._cache.get("activation bytes")
+    if per_node is None:  # per graph: a budget search measures every candidate cut
+        per_node = graph._cache["activation bytes"] = np.array(
+            [0 if node.category in INPUT_CATEGORIES else node.nbytes for node in graph.nodes],
+            dtype=object if any(node.nbytes >= 2**62 for node in graph.nodes) else np.int64)
+    picked = per_node[np.asarray(list(indices), dtype=np.int64)]
+    return int(picked.sum()) if picked.size else 0
 
 
 def check_has_backward(graph: CoreGraph) -> None:
