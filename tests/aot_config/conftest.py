@@ -80,6 +80,8 @@ def _alternative_value(flag: Flag, current: Any) -> Any:
     """A valid value for ``flag`` that differs from ``current``."""
     if flag.choices is not None:
         return next(choice for choice in flag.choices if choice != current)
+    if flag.validator is not None and flag.validator(False) is None and current is not False:
+        return False  # a flag whose "off" is False beside other forms (activation_token_split)
     if flag.validator is not None and matches_type("x", flag.type) and isinstance(current, bool):
         return not current
     if isinstance(current, bool):

@@ -53,6 +53,8 @@ FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save
                     "activation_memory_budget_best_effort": False,
                     # torch's, newer than the seed: torchtitan sets it with the visualize flag
                     "memory_budget_pareto_dir": None,
+                    # issue 39: the LM head and its loss in chunks of tokens
+                    "activation_token_split": "auto",
                     "lazy_partition_modules": True,
                     # many ranks (issue 26): torch's unsafe_allow_optimization_of_collectives
                     # under our name, and the rank agreement of aot_partition.fx.spmd

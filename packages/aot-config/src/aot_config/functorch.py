@@ -210,6 +210,23 @@ visualize_memory_budget_pareto: bool = flag(
     doc="Draw runtime vs. activation memory for budgets 0..1 (step 0.5) as a PNG.",
 )
 
+def _token_split_problem(value: object) -> str | None:
+    if value is False or value == "auto":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return None
+    return "expected 'auto', False or a number of chunks >= 1"
+
+
+activation_token_split: str | int | bool = flag(
+    "auto",
+    type=str | int | bool,
+    validator=_token_split_problem,
+    doc="Compute the LM head and its cross-entropy in chunks of tokens (aot_partition.fx."
+        "token_split): 'auto' splits only when a peak cap cannot be met otherwise; False "
+        "never; a number N >= 2 always, into N chunks (1: never).",
+)
+
 memory_budget_pareto_dir: str | None = flag(
     None,
     type=str | None,

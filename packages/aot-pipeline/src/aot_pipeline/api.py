@@ -85,7 +85,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     compiler: str = "inductor", compiled_autograd: bool = False, dynamic: bool | None = None,
     mode: str | None = None, options: dict[str, Any] | None = None,
     record_partitions: bool = True, memory_budget_best_effort: bool | None = None,
-    defer_full_gc: bool = True, name: str | None = None,
+    defer_full_gc: bool = True, name: str | None = None, split: str | int | bool | None = None,
 ) -> CompiledModel:
     """Compile ``model`` with the aot_pipeline back end.
 
@@ -112,7 +112,10 @@ def compile(  # noqa: A001 - mirrors torch.compile
     ``defer_full_gc`` (default True) defers full garbage collections while a graph compiles
     (``aot_pipeline.gc_deferral``). ``name`` names the model's compiled region, as
     ``torch.compile(..., name=)`` does (torch 2.13 on; the compiled-autograd backward stays
-    unnamed). Bad values raise ``PipelineOptionError`` (a ValueError).
+    unnamed). ``split`` computes the LM head and its cross-entropy in chunks of tokens
+    (``"auto"``: only when a peak cap is unreachable otherwise; ``False``: never; ``N``: always,
+    N chunks; left out: ``aot_config.functorch.activation_token_split``); what was split is
+    in ``recorder.splits``. Bad values raise ``PipelineOptionError`` (a ValueError).
     """
     if not callable(model):
         raise TypeError(f"compile() needs an nn.Module or a callable, got {type(model).__name__}")
@@ -121,7 +124,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     if not isinstance(record_partitions, bool):
         raise TypeError(f"record_partitions must be True or False, got {record_partitions!r}")
     flagged = {"memory_budget": memory_budget, "solver": solver,
-               "memory_budget_best_effort": memory_budget_best_effort}
+               "memory_budget_best_effort": memory_budget_best_effort, "split": split}
     pipeline_options = with_explicit_options({
         **{name: value for name, value in flagged.items() if value is not None},
         "compiler": compiler, "compiled_autograd": compiled_autograd, "mode": mode,

@@ -34,6 +34,7 @@ from . import _compat
 from .gc_deferral import full_collections_deferred
 from .options import PipelineOptionError, PipelineOptions, inductor_pairs, split_options
 from .recording import PartitionRecorder
+from .splitting import with_token_split
 
 if typing.TYPE_CHECKING:
     from aot_partition import PartitionConfig
@@ -49,10 +50,12 @@ def default_options() -> PipelineOptions:
     partitioner reads them (ours, or torch's ``torch._functorch.config`` flag of the same name
     when only that one is set; both set to different values raise
     ``aot_partition.FlagConflictError``: see aot_partition.flags), and our byte cap."""
+    from aot_config import functorch as functorch_flags
     from aot_partition import PartitionConfig
 
     config = PartitionConfig.from_flags()
     return PipelineOptions(
+        split=functorch_flags.activation_token_split,
         memory_budget=float(config.memory_budget),
         solver=str(config.budget_solver),
         memory_budget_bytes=config.memory_budget_bytes,
@@ -70,6 +73,7 @@ FLAG_OF_OPTION = {
     "memory_peak_fraction": "activation_memory_peak_fraction",
     "memory_budget_best_effort": "activation_memory_budget_best_effort",
     "solver": "activation_memory_budget_solver",
+    "split": "activation_token_split",
 }
 # One budget, written in one of its forms: giving one sets the others to theirs.
 BUDGET_OPTIONS = ("memory_budget", "memory_budget_bytes", "memory_peak_bytes",
@@ -455,19 +459,26 @@ def make_backend(options: PipelineOptions | Mapping[str, Any] | None = None,
     options = resolve_options(options, mode)
     region = _region(name)
     if options.compiler == "inductor":
-        backend = _inductor_backend(options, recorder, region)
+        backend = with_token_split(
+            options, recorder, lambda opts: _inductor_backend(opts, recorder, region))
         backend.reset = _reset  # type: ignore[attr-defined]
     else:
-        partition = make_partition_fn(options, recorder)
         graph_compiler = _graph_compiler(options.compiler)
 
-        def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-            # A fresh AOTAutograd back end per graph: it stores wrapped compilers on itself.
-            with full_collections_deferred(options.defer_full_gc):
-                return _compat.aot_autograd(
-                    fw_compiler=graph_compiler, bw_compiler=graph_compiler,
-                    partition_fn=partition, keep_inference_input_mutations=True, **region,
-                )(gm, example_inputs)
+        def aot_backend(opts: PipelineOptions) -> Callable[..., CompiledGraph]:
+            partition = make_partition_fn(opts, recorder)
+
+            def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+                # A fresh AOTAutograd back end per graph: it stores wrapped compilers on itself.
+                with full_collections_deferred(opts.defer_full_gc):
+                    return _compat.aot_autograd(
+                        fw_compiler=graph_compiler, bw_compiler=graph_compiler,
+                        partition_fn=partition, keep_inference_input_mutations=True, **region,
+                    )(gm, example_inputs)
+
+            return backend
+
+        backend = with_token_split(options, recorder, aot_backend)
 
     backend.__name__ = f"aot_pipeline_{options.compiler}"
     backend.options = options  # type: ignore[attr-defined]

@@ -19,7 +19,7 @@ COMPILERS: tuple[str, ...] = ("inductor", "nop", "debug_nop", "print_compile", "
 PIPELINE_OPTION_NAMES: tuple[str, ...] = ("compiled_autograd", "compiler", "defer_full_gc",
                                           "memory_budget", "memory_budget_best_effort",
                                           "memory_budget_bytes", "memory_peak_bytes",
-                                          "memory_peak_fraction", "solver")
+                                          "memory_peak_fraction", "solver", "split")
 # Units of a byte budget ("300MiB", "1.5GB"): SI powers of 1000 and IEC powers of 1024.
 BYTE_UNITS: dict[str, int] = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -91,6 +91,9 @@ class PipelineOptions:
     defer_full_gc: bool = True
     memory_peak_bytes: int | None = None
     memory_peak_fraction: float | None = None
+    # The LM head and its loss in chunks of tokens (aot_partition.fx.token_split): "auto"
+    # splits only when a peak cap cannot be met otherwise, False never, an int N >= 2 always.
+    split: str | int | bool = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.memory_budget, str):
@@ -115,6 +118,7 @@ class PipelineOptions:
             _validate_bool(name, getattr(self, name))
         _validate_choice("solver", self.solver, SOLVERS)
         _validate_choice("compiler", self.compiler, COMPILERS)
+        object.__setattr__(self, "split", validate_split(self.split))
         if self.mode is not None and not isinstance(self.mode, str):
             raise PipelineOptionError(
                 f"mode must be a string or None, got {self.mode!r} ({type(self.mode).__name__})"
@@ -208,6 +212,20 @@ def inductor_pairs(options: object) -> tuple[tuple[str, Any], ...]:
             f"Inductor option names must be strings, got {', '.join(map(repr, bad))}"
         )
     return tuple(sorted(pairs, key=lambda pair: pair[0]))
+
+
+SPLIT_FORMS = "'auto', False (never) or a number of chunks >= 1 (1: never)"
+
+
+def validate_split(split: object) -> str | int | bool:
+    """``split`` as the pipeline keeps it: "auto", False, or an int >= 2 (1 becomes False)."""
+    if split is False or split == "auto":
+        return split
+    if isinstance(split, str) and split.strip().isdigit():
+        split = int(split.strip())
+    if isinstance(split, int) and not isinstance(split, bool) and split >= 1:
+        return split if split > 1 else False
+    raise PipelineOptionError(f"split must be {SPLIT_FORMS}, got {echo_value(split)}")
 
 
 def validate_memory_budget(budget: object) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch.fx as fx
 
@@ -27,6 +28,10 @@ class PartitionRecorder:
 
     partitions: list[RecordedPartition] = field(default_factory=list)
     bypass_caches: bool = True
+    # The LM-head splits made (aot_partition.fx.token_split.SplitDecision) and the losses
+    # left whole with the reason (LeftAlone), one entry per site per compiled graph.
+    splits: list[Any] = field(default_factory=list)
+    split_left_alone: list[Any] = field(default_factory=list)
 
     def record_forward(self, forward: fx.GraphModule, backward: fx.GraphModule | None = None,
                        num_fwd_outputs: int | None = None) -> None:
@@ -44,3 +49,5 @@ class PartitionRecorder:
 
     def clear(self) -> None:
         self.partitions.clear()
+        self.splits.clear()
+        self.split_left_alone.clear()

@@ -1,0 +1,128 @@
+"""The chunked LM head and cross-entropy ops (aot_partition.fx.chunked_loss) against torch's own
+``F.cross_entropy(F.linear(...))``: loss and every gradient, over random shapes, chunk counts,
+ignore masks, reductions, label smoothing, with and without a bias; and their edges."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from aot_partition.fx.chunked_loss import (
+    dtype_name,
+    linear_cross_entropy,
+    reference_linear_cross_entropy,
+)
+
+
+def _case(rng: random.Random, dtype: torch.dtype) -> dict:
+    tokens, vocab, dim = rng.randint(1, 70), rng.randint(2, 60), rng.randint(1, 24)
+    g = torch.Generator().manual_seed(rng.randint(0, 2**31))
+    target = torch.randint(0, vocab, (tokens,), generator=g)
+    ignored = torch.rand(tokens, generator=g) < rng.choice([0.0, 0.3, 0.8])
+    ignore_index = rng.choice([-100, -1, vocab + 7])
+    target[ignored] = ignore_index
+    if not (target != ignore_index).any():
+        target[0] = 0
+    return dict(
+        hidden=torch.randn(tokens, dim, generator=g, dtype=dtype).requires_grad_(),
+        weight=torch.randn(vocab, dim, generator=g, dtype=dtype).requires_grad_(),
+        bias=(torch.randn(vocab, generator=g, dtype=dtype).requires_grad_()
+              if rng.random() < 0.5 else None),
+        target=target, ignore_index=ignore_index,
+        reduction=rng.choice(["mean", "sum"]),
+        label_smoothing=rng.choice([0.0, 0.0, 0.1, 0.25]),
+        chunks=rng.choice([1, 2, 3, 5, 8, tokens, tokens + 3]))
+
+
+def _loss_and_grads(case: dict, chunked: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    leaves = [case[k] for k in ("hidden", "weight", "bias") if case[k] is not None]
+    if chunked:
+        loss, _ = linear_cross_entropy(
+            case["hidden"], case["weight"], case["bias"], case["target"], case["ignore_index"],
+            case["reduction"], case["label_smoothing"], dtype_name(case["hidden"].dtype),
+            case["chunks"])
+    else:
+        loss = reference_linear_cross_entropy(
+            case["hidden"], case["weight"], case["bias"], case["target"], case["ignore_index"],
+            case["reduction"], case["label_smoothing"])
+    return loss, list(torch.autograd.grad(loss, leaves))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_shapes_chunks_and_ignore_masks_equal_torch_in_float64(seed):
+    case = _case(random.Random(seed), torch.float64)
+    loss, grads = _loss_and_grads(case, chunked=True)
+    ref_loss, ref_grads = _loss_and_grads(case, chunked=False)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_float32_within_reassociation(seed):
+    case = _case(random.Random(100 + seed), torch.float32)
+    loss, grads = _loss_and_grads(case, chunked=True)
+    ref_loss, ref_grads = _loss_and_grads(case, chunked=False)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_logits_upcast_to_float32_as_models_do():
+    """bf16 projection, fp32 loss (``logits.float()``): the gradient of the logits is cast
+    back to bf16 before the projection's backward, as eager's; the weight's gradient is
+    accumulated over chunks in fp32 (eager's one matmul accumulates in fp32 too)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(96, 32, generator=g).bfloat16().requires_grad_()
+    weight = torch.randn(200, 32, generator=g).bfloat16().requires_grad_()
+    target = torch.randint(0, 200, (96,), generator=g)
+    target[:10] = -100
+    loss, _ = linear_cross_entropy(hidden, weight, None, target, -100, "mean", 0.0, "float32", 4)
+    ref = F.cross_entropy(F.linear(hidden, weight).float(), target)
+    assert loss.dtype == ref.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    got = torch.autograd.grad(loss, [hidden, weight])
+    want = torch.autograd.grad(ref, [hidden, weight])
+    for a, b in zip(got, want):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_every_token_ignored_gives_nan_with_mean_as_torch_does():
+    hidden, weight = torch.randn(4, 3), torch.randn(5, 3)
+    target = torch.full((4,), -100)
+    loss, _ = linear_cross_entropy(hidden, weight, None, target, -100, "mean", 0.0, "float32", 2)
+    ref = F.cross_entropy(F.linear(hidden, weight), target)
+    assert torch.isnan(ref) and torch.isnan(loss)
+    summed, _ = linear_cross_entropy(hidden, weight, None, target, -100, "sum", 0.0, "float32", 2)
+    assert float(summed) == 0.0 == float(F.cross_entropy(F.linear(hidden, weight), target,
+                                                         reduction="sum"))
+
+
+def test_the_ops_pass_torch_library_opcheck():
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(10, 4, generator=g, requires_grad=True),
+            torch.randn(7, 4, generator=g, requires_grad=True),
+            torch.randn(7, generator=g, requires_grad=True),
+            torch.randint(0, 7, (10,), generator=g), -100, "mean", 0.1, "float32", 3)
+    torch.library.opcheck(torch.ops.aot_partition.linear_cross_entropy.default, args)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(reduction="none"), "reduction 'none': valid are mean, sum"),
+    (dict(chunks=0), "chunks must be at least 1, got 0"),
+])
+def test_bad_arguments_are_named(kwargs, message):
+    settings = dict(reduction="mean", chunks=2)
+    settings.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 3), None, torch.zeros(4).long(),
+                             -100, settings["reduction"], 0.0, "float32", settings["chunks"])
+
+
+def test_an_unsupported_compute_dtype_is_named():
+    with pytest.raises(ValueError, match="no chunked cross-entropy in torch.int32; valid: "
+                                         "float32, float64, bfloat16, float16"):
+        dtype_name(torch.int32)

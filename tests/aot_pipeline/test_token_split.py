@@ -1,0 +1,264 @@
+"""The LM head and its loss in chunks of tokens, through the pipeline (issue 39): the rewrite
+(aot_partition.fx.token_split) on the graphs Dynamo captures from the code people run, loss and
+every gradient against eager, under Inductor and nop, dynamic sequence lengths, dropout on; the
+"auto" decision (nothing at budget 1.0, a split only where a peak cap needs it, measured under
+the cap); and what is left alone, with the reason."""
+
+from __future__ import annotations
+
+import copy
+
+import aot_pipeline
+import pytest
+import torch
+import torch.nn.functional as F
+from aot_partition.fx.memory import measure_peak
+from aot_partition.fx.token_split import find_split_sites
+from aot_pipeline.options import PipelineOptionError
+from torch import nn
+
+
+def _gpt(vocab=96, dim=32, layers=1, seq=16):
+    from aot_pipeline.models import build_model
+
+    torch.manual_seed(0)
+    return build_model("gpt", vocab=vocab, dim=dim, heads=2, layers=layers, seq=seq).module
+
+
+def _batch(vocab, batch, seq, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    labels = ids.clone()
+    labels[0, : seq // 3] = -100  # ignored tokens: a prompt
+    return ids, labels
+
+
+def _gpt_step(module):
+    def step(ids, labels):
+        return F.cross_entropy(module(ids).flatten(0, 1).float(), labels.flatten())
+    return step
+
+
+def _compare(module, eager, call, eager_call, batch, rtol=1e-5, atol=1e-6):
+    for m in (module, eager):
+        m.zero_grad(set_to_none=True)
+    loss = call(*batch)
+    loss.backward()
+    want = eager_call(*batch)
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=rtol, atol=atol)
+    grads = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
+    wanted = {n: p.grad for n, p in eager.named_parameters() if p.grad is not None}
+    assert grads.keys() == wanted.keys()
+    for name in wanted:
+        torch.testing.assert_close(grads[name], wanted[name], rtol=rtol, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("compiler", ["inductor", "nop"])
+def test_the_builtin_gpt_split_in_four_equals_eager(compiler):
+    torch._dynamo.reset()
+    model = _gpt()
+    eager = copy.deepcopy(model)
+    compiled = aot_pipeline.compile(_gpt_step(model), split=4, compiler=compiler)
+    _compare(model, eager, compiled, _gpt_step(eager), _batch(96, 2, 16))
+    (decision,) = compiled.recorder.splits
+    assert decision.chunks == 4 and decision.site.tokens == 32 and decision.site.vocab == 96
+    assert "split into 4 chunks, logits 12,288 -> 3,072 bytes a buffer" in decision.describe()
+    forward = compiled.recorder.partitions[0].forward
+    assert any("linear_cross_entropy" in str(n.target) for n in forward.graph.nodes)
+
+
+def _hf_model(kind, dropout=0.0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if kind == "gpt2":  # tied: the LM head reads the token embedding's weight
+        config = transformers.GPT2Config(
+            vocab_size=80, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=dropout,
+            embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False, bos_token_id=0,
+            eos_token_id=0)
+        config._attn_implementation = "eager"
+        model = transformers.GPT2LMHeadModel(config)
+        assert model.lm_head.weight is model.transformer.wte.weight
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            use_cache=False, bos_token_id=0, eos_token_id=0)
+        model = transformers.LlamaForCausalLM(config)
+    model.loss_type = "ForCausalLM"  # unnamed, transformers logs a warning: a graph break
+    return model.train()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_transformers_models_split_under_inductor_equal_eager(kind):
+    """HF's loss: logits.float(), labels padded with -100 and shifted, view(-1, vocab),
+    cross_entropy(ignore_index=-100): recognised, split, exact."""
+    torch._dynamo.reset()
+    model = _hf_model(kind)
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="aot_pipeline", options={"split": 3})
+    ids, labels = _batch(80, 2, 24)
+
+    def call(module):
+        return lambda ids, labels: module(input_ids=ids, labels=labels).loss
+
+    _compare(model, eager, call(compiled), call(eager), (ids, labels))
+
+
+def test_gpt2_dropout_on_dynamic_sequence_lengths_equal_eager_at_every_length():
+    """One graph for every length (dynamic=True), dropout on (nop compiler: eager's masks),
+    split in two: the chunk size follows the length at run time."""
+    torch._dynamo.reset()
+    model = _hf_model("gpt2", dropout=0.1)
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="aot_pipeline", dynamic=True,
+                             options={"split": 2, "compiler": "nop"})
+
+    def call(module, seed):
+        def run(ids, labels):
+            torch.manual_seed(seed)
+            return module(input_ids=ids, labels=labels).loss
+        return run
+
+    for seed, seq in enumerate((8, 16, 13, 32)):
+        batch = _batch(80, 2, seq, seed)
+        _compare(model, eager, call(compiled, seed), call(eager, seed), batch, rtol=1e-4)
+
+
+def test_budget_one_without_a_cap_splits_nothing_by_default():
+    torch._dynamo.reset()
+    model = _gpt()
+    compiled = aot_pipeline.compile(_gpt_step(model))
+    compiled(*_batch(96, 2, 16)).backward()
+    assert compiled.recorder.splits == [] and compiled.recorder.split_left_alone == []
+    forward = compiled.recorder.partitions[0].forward
+    assert not any("linear_cross_entropy" in str(n.target) for n in forward.graph.nodes)
+
+
+def test_split_false_never_splits_even_when_a_cap_is_unreachable():
+    from aot_partition import UnreachableMemoryBudgetError
+
+    torch._dynamo.reset()
+    model = _gpt(vocab=4096, dim=16, seq=128)
+    compiled = aot_pipeline.compile(_gpt_step(model), memory_budget="0.3 peak", split=False)
+    with pytest.raises(Exception) as failure:
+        compiled(*_batch(4096, 4, 128)).backward()
+    assert "is unreachable" in str(failure.value)
+    assert any(isinstance(e, UnreachableMemoryBudgetError)
+               for e in (failure.value, failure.value.__cause__,
+                         getattr(failure.value, "inner_exception", None)))
+    assert compiled.recorder.splits == []
+
+
+def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds():
+    """vocab 4096, 512 tokens: the fp32 logits (8 MiB) and their gradient make the peak, which
+    no recompute lowers. A cap at 45% of the uncapped peak: reachable only split; "auto" splits
+    (into the fewest chunks that fit), the step's peak as measured by the profiler is under the
+    cap, and the gradients equal eager's. A cap at 95%: reachable whole, not split."""
+    ids, labels = _batch(4096, 4, 128)
+    model = _gpt(vocab=4096, dim=16, seq=128)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    whole = aot_pipeline.compile(_gpt_step(model))
+    whole(ids, labels).backward()
+    model.zero_grad(set_to_none=True)
+    base = measure_peak(lambda: whole(ids, labels).backward())
+    params = sum(p.numel() * 4 for p in model.parameters())
+    inputs = params + ids.numel() * 8 * 2
+
+    for share, splits in ((0.95, False), (0.45, True)):
+        torch._dynamo.reset()
+        cap = inputs + int(share * base.peak_bytes)
+        compiled = aot_pipeline.compile(_gpt_step(model), memory_budget=f"{cap}B peak")
+        _compare(model, eager, compiled, _gpt_step(eager), (ids, labels), rtol=1e-4, atol=1e-6)
+        assert bool(compiled.recorder.splits) is splits, share
+        model.zero_grad(set_to_none=True)
+        measured = measure_peak(lambda c=compiled: c(ids, labels).backward())
+        assert inputs + measured.peak_bytes <= cap, (share, measured.peak_bytes, cap)
+        if splits:
+            assert measured.peak_bytes < 0.5 * base.peak_bytes
+            assert all(d.chunks >= 2 for d in compiled.recorder.splits)
+
+
+def test_logits_read_elsewhere_are_left_whole_with_the_reason():
+    torch._dynamo.reset()
+    model = _gpt()
+
+    def step(ids, labels):
+        logits = model(ids)
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        return loss, logits.argmax(-1)  # the logits are also read: nothing to save by chunks
+
+    compiled = aot_pipeline.compile(step, split=4)
+    loss, _ = compiled(*_batch(96, 2, 16))
+    loss.backward()
+    assert compiled.recorder.splits == []
+    (alone,) = compiled.recorder.split_left_alone
+    assert alone.reason.endswith("the loss must be its only reader")
+
+
+class _Head(nn.Module):
+    def __init__(self, vocab=10, dim=8):
+        super().__init__()
+        self.proj = nn.Linear(dim, vocab)
+
+
+@pytest.mark.parametrize("loss_fn, reason", [
+    (lambda lg, t: F.cross_entropy(lg, t, weight=torch.ones(10)), "class weights"),
+    (lambda lg, t: F.cross_entropy(lg, t, reduction="none").sum(),
+     "reduction 'none' (mean and sum are split)"),
+    (lambda lg, t: F.cross_entropy(lg.unsqueeze(0).transpose(1, 2), t.unsqueeze(0)),
+     "split takes [tokens, vocab] logits and [tokens] class indices"),
+    (lambda lg, t: F.cross_entropy(lg.exp(), t), "between the projection and the loss"),
+])
+def test_patterns_that_do_not_match_exactly_are_left_alone(loss_fn, reason):
+    head = _Head()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(find_split_sites(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda x, t: loss_fn(head.proj(x), t), backend=backend)(
+        torch.randn(6, 8), torch.randint(0, 10, (6,)))
+    ((sites, left),) = seen
+    assert sites == []
+    (alone,) = left
+    assert reason in alone.reason
+
+
+def test_an_autocast_region_is_left_alone():
+    head = _Head()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(find_split_sites(gm))
+        return gm.forward
+
+    def step(x, t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = head.proj(x)
+        return F.cross_entropy(logits.float(), t)
+
+    torch._dynamo.reset()
+    torch.compile(step, backend=backend)(torch.randn(6, 8), torch.randint(0, 10, (6,)))
+    ((sites, left),) = seen
+    assert sites == [] and left[0].reason == "inside an autocast region"
+
+
+@pytest.mark.parametrize("value", ["sometimes", 0, -2, True, 2.5])
+def test_a_bad_split_option_is_named(value):
+    with pytest.raises(PipelineOptionError, match="split must be 'auto', False .never. or a "
+                                                  "number of chunks >= 1 .1: never., got"):
+        aot_pipeline.compile(nn.Linear(2, 2), split=value)
+
+
+def test_the_flag_sets_the_default_and_a_contradicting_option_is_refused():
+    from aot_config import functorch as functorch_flags
+    from aot_pipeline.backend import OptionFlagConflictError
+
+    with functorch_flags.patch(activation_token_split=8):
+        assert aot_pipeline.compile(nn.Linear(2, 2)).options.split == 8
+        with pytest.raises(OptionFlagConflictError, match="split"):
+            aot_pipeline.compile(nn.Linear(2, 2), split=4)
