@@ -12,8 +12,13 @@ import torch.nn.functional as F
 from aot_partition.fx.chunked_loss import (
     dtype_name,
     linear_cross_entropy,
+    linear_cross_entropy_with_grads,
     reference_linear_cross_entropy,
 )
+
+# The two ways of making the gradients: logits recomputed in the backward, or made in the
+# forward (the backward scales them).
+OPS = {"recompute": linear_cross_entropy, "forward_grads": linear_cross_entropy_with_grads}
 
 
 def _case(rng: random.Random, dtype: torch.dtype) -> dict:
@@ -36,13 +41,13 @@ def _case(rng: random.Random, dtype: torch.dtype) -> dict:
         chunks=rng.choice([1, 2, 3, 5, 8, tokens, tokens + 3]))
 
 
-def _loss_and_grads(case: dict, chunked: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _loss_and_grads(case: dict, chunked: str | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     leaves = [case[k] for k in ("hidden", "weight", "bias") if case[k] is not None]
     if chunked:
-        loss, _ = linear_cross_entropy(
+        loss = OPS[chunked](
             case["hidden"], case["weight"], case["bias"], case["target"], case["ignore_index"],
             case["reduction"], case["label_smoothing"], dtype_name(case["hidden"].dtype),
-            case["chunks"])
+            case["chunks"])[0]
     else:
         loss = reference_linear_cross_entropy(
             case["hidden"], case["weight"], case["bias"], case["target"], case["ignore_index"],
@@ -50,27 +55,30 @@ def _loss_and_grads(case: dict, chunked: bool) -> tuple[torch.Tensor, list[torch
     return loss, list(torch.autograd.grad(loss, leaves))
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_shapes_chunks_and_ignore_masks_equal_torch_in_float64(seed):
+@pytest.mark.parametrize("mode", OPS)
+@pytest.mark.parametrize("seed", range(30))
+def test_random_shapes_chunks_and_ignore_masks_equal_torch_in_float64(seed, mode):
     case = _case(random.Random(seed), torch.float64)
-    loss, grads = _loss_and_grads(case, chunked=True)
-    ref_loss, ref_grads = _loss_and_grads(case, chunked=False)
+    loss, grads = _loss_and_grads(case, chunked=mode)
+    ref_loss, ref_grads = _loss_and_grads(case, chunked=None)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", OPS)
 @pytest.mark.parametrize("seed", range(8))
-def test_float32_within_reassociation(seed):
+def test_float32_within_reassociation(seed, mode):
     case = _case(random.Random(100 + seed), torch.float32)
-    loss, grads = _loss_and_grads(case, chunked=True)
-    ref_loss, ref_grads = _loss_and_grads(case, chunked=False)
+    loss, grads = _loss_and_grads(case, chunked=mode)
+    ref_loss, ref_grads = _loss_and_grads(case, chunked=None)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_bfloat16_logits_upcast_to_float32_as_models_do():
+@pytest.mark.parametrize("mode", OPS)
+def test_bfloat16_logits_upcast_to_float32_as_models_do(mode):
     """bf16 projection, fp32 loss (``logits.float()``): the gradient of the logits is cast
     back to bf16 before the projection's backward, as eager's; the weight's gradient is
     accumulated over chunks in fp32 (eager's one matmul accumulates in fp32 too)."""
@@ -79,7 +87,7 @@ def test_bfloat16_logits_upcast_to_float32_as_models_do():
     weight = torch.randn(200, 32, generator=g).bfloat16().requires_grad_()
     target = torch.randint(0, 200, (96,), generator=g)
     target[:10] = -100
-    loss, _ = linear_cross_entropy(hidden, weight, None, target, -100, "mean", 0.0, "float32", 4)
+    loss = OPS[mode](hidden, weight, None, target, -100, "mean", 0.0, "float32", 4)[0]
     ref = F.cross_entropy(F.linear(hidden, weight).float(), target)
     assert loss.dtype == ref.dtype == torch.float32
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
@@ -101,13 +109,29 @@ def test_every_token_ignored_gives_nan_with_mean_as_torch_does():
                                                          reduction="sum"))
 
 
-def test_the_ops_pass_torch_library_opcheck():
+def test_a_gradient_of_the_loss_other_than_one_scales_the_forward_made_gradients():
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(12, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(9, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 9, (12,), generator=g)
+    loss = linear_cross_entropy_with_grads(hidden, weight, None, target, -100, "mean", 0.0,
+                                           "float64", 5)[0]
+    got = torch.autograd.grad(3.5 * loss, [hidden, weight])
+    want = torch.autograd.grad(3.5 * F.cross_entropy(F.linear(hidden, weight), target),
+                               [hidden, weight])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("op", [torch.ops.aot_partition.linear_cross_entropy.default,
+                                torch.ops.aot_partition.linear_cross_entropy_with_grads.default])
+def test_the_ops_pass_torch_library_opcheck(op):
     g = torch.Generator().manual_seed(0)
     args = (torch.randn(10, 4, generator=g, requires_grad=True),
             torch.randn(7, 4, generator=g, requires_grad=True),
             torch.randn(7, generator=g, requires_grad=True),
             torch.randint(0, 7, (10,), generator=g), -100, "mean", 0.1, "float32", 3)
-    torch.library.opcheck(torch.ops.aot_partition.linear_cross_entropy.default, args)
+    torch.library.opcheck(op, args)
 
 
 @pytest.mark.parametrize("kwargs, message", [

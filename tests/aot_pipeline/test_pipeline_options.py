@@ -110,7 +110,7 @@ def test_from_mapping_overrides_only_what_is_given():
 NON_STRING_NAMES = ("aot_pipeline option names must be strings, got 1; valid options are "
                     "compiled_autograd, compiler, defer_full_gc, memory_budget, "
                     "memory_budget_best_effort, memory_budget_bytes, memory_peak_bytes, "
-                    "memory_peak_fraction, solver and "
+                    "memory_peak_fraction, solver, split and "
                     "torch._inductor.config "
                     "settings")
 

@@ -63,7 +63,9 @@ def test_the_builtin_gpt_split_in_four_equals_eager(compiler):
     _compare(model, eager, compiled, _gpt_step(eager), _batch(96, 2, 16))
     (decision,) = compiled.recorder.splits
     assert decision.chunks == 4 and decision.site.tokens == 32 and decision.site.vocab == 96
-    assert "split into 4 chunks, logits 12,288 -> 3,072 bytes a buffer" in decision.describe()
+    assert decision.mode == "forward_grads"
+    assert ("split into 4 chunks (forward grads), logits 12,288 -> 3,072 bytes a buffer"
+            in decision.describe())
     forward = compiled.recorder.partitions[0].forward
     assert any("linear_cross_entropy" in str(n.target) for n in forward.graph.nodes)
 

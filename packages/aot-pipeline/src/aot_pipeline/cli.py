@@ -321,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "warning instead of failing")
     train.add_argument("--solver", choices=SOLVERS, default=None,
                        help="knapsack solver (default: the flag, dp when unset)")
+    train.add_argument("--split", type=_split, default=None,
+                       help="the LM head and its cross-entropy in chunks of tokens: auto (only "
+                            "when a peak cap is unreachable otherwise), off, or a chunk count "
+                            "(default: the flag, auto when unset)")
     train.add_argument("--compiler", choices=COMPILERS, default="inductor",
                        help="compiler for our forward and backward (default inductor)")
     train.add_argument("--compiled-autograd", action="store_true",
@@ -478,7 +482,7 @@ def _train(args: argparse.Namespace) -> int:
         memory_budget=args.memory_budget, model_spec=args.spec,
         solver=args.solver, compiler=args.compiler, compiled_autograd=args.compiled_autograd,
         device=args.device, variants=variants,
-        memory_budget_best_effort=args.memory_budget_best_effort,
+        memory_budget_best_effort=args.memory_budget_best_effort, split=args.split,
     )
     options = settings.pipeline_options()  # a given option a set flag contradicts fails here
     # Each compiled variant in a fresh process with an empty Inductor cache: compile times
@@ -486,6 +490,7 @@ def _train(args: argparse.Namespace) -> int:
     results = train_all(settings, progress=not args.no_progress, isolated=True)
     print(f"{args.spec.label}, {args.steps} steps on {args.device}; ours: "
           f"{_options_budget_words(options)}, solver {options.solver}, compiler {args.compiler}"
+          f"{_split_words(options.split)}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")
     print(train_table(results))
     if options.memory_budget_bytes is not None:
@@ -497,6 +502,23 @@ def _train(args: argparse.Namespace) -> int:
                    "results": [asdict(r) for r in results]}
         _write_text(args.json, json.dumps(payload, indent=2, default=list))
     return 0 if all(r.matches_eager is not False for r in results) else 1
+
+
+def _split(text: str) -> str | int | bool:
+    """``--split``: auto, off (False) or a chunk count."""
+    from .options import validate_split
+
+    value: str | int | bool = False if text.strip().lower() in ("off", "false", "no") else text
+    try:
+        return validate_split(value)
+    except PipelineOptionError as error:
+        raise argparse.ArgumentTypeError(str(error).replace("False (never)", "off")) from None
+
+
+def _split_words(split: str | int | bool) -> str:
+    if split == "auto":
+        return ""
+    return ", split off" if split is False else f", split in {split}"
 
 
 def _options_budget_words(options: Any) -> str:

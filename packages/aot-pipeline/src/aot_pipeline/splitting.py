@@ -9,8 +9,10 @@
   (``UnreachableMemoryBudgetError``: recompute and offload cannot fit) is it split, into the
   fewest chunks (powers of two) whose estimated saving, one logits buffer's share, covers the
   gap the error names, doubling while the cap stays unreachable; at least 128 tokens a chunk
-  (smaller matmuls run far below the device's peak). The last error is raised if no split
-  fits, naming the chunks tried.
+  (smaller matmuls run far below the device's peak). Gradients are made in the forward
+  (no matmul more than unsplit); only if no count fits that way, the most chunks with the
+  logits recomputed in the backward (one matmul more, nothing but the log-sum-exp kept). The
+  last error is raised if nothing fits.
 
 Each decision is recorded (``PartitionRecorder.splits``) and logged.
 """
@@ -92,7 +94,7 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         if not sites or split is False:
             return plain(gm, example_inputs)
         if isinstance(split, int):
-            return _compile_split(gm, example_inputs, split, plain)
+            return _compile_split(gm, example_inputs, split, plain, "forward_grads")
         if not has_peak_cap(options):
             return plain(gm, example_inputs)
         whole = copy.deepcopy(gm)
@@ -107,11 +109,13 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         counts = chunk_counts(sites, unreachable.least - unreachable.cap)
         log.info("peak cap unreachable whole (least %d bytes, cap %d): splitting into %s chunks",
                  unreachable.least, unreachable.cap, counts)
-        for i, chunks in enumerate(counts):
-            last = i == len(counts) - 1
+        attempts = [(k, "forward_grads") for k in counts] + [(counts[-1], "recompute")]
+        for i, (chunks, mode) in enumerate(attempts):
+            last = i == len(attempts) - 1
             attempt = copy.deepcopy(whole)
             try:
-                return _compile_split(attempt, example_inputs, chunks, plain if last else probe)
+                return _compile_split(attempt, example_inputs, chunks,
+                                      plain if last else probe, mode)
             except Exception as error:
                 if _unreachable(error) is None:
                     raise
@@ -121,10 +125,10 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         raise failure
 
     def _compile_split(gm: fx.GraphModule, example_inputs: Sequence[Any], chunks: int,
-                       compile_graph: GraphCompiler) -> CompiledGraph:
+                       compile_graph: GraphCompiler, mode: str) -> CompiledGraph:
         from aot_partition.fx.token_split import split_token_wise
 
-        decisions = split_token_wise(gm, chunks)
+        decisions = split_token_wise(gm, chunks, mode=mode)
         for decision in decisions:
             log.info("split: %s", decision.describe())
         if recorder is not None:

@@ -72,6 +72,8 @@ class TrainSettings:
     device: str = "cpu"
     variants: Sequence[str] = field(default_factory=lambda: VARIANTS)
     memory_budget_best_effort: bool | None = None
+    # the LM head and its loss in chunks: "auto", False or a chunk count (None: the flag)
+    split: str | int | bool | None = None
     # The model to build (a user's model, see user_models.ModelSpec); None: built-in ``model``.
     model_spec: ModelSpec | None = None
 
@@ -85,7 +87,8 @@ class TrainSettings:
         from .backend import with_explicit_options
 
         flagged = {"memory_budget": self.memory_budget, "solver": self.solver,
-                   "memory_budget_best_effort": self.memory_budget_best_effort}
+                   "memory_budget_best_effort": self.memory_budget_best_effort,
+                   "split": self.split}
         return with_explicit_options({
             **{name: value for name, value in flagged.items() if value is not None},
             "compiler": self.compiler, "compiled_autograd": self.compiled_autograd})

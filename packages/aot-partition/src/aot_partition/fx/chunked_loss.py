@@ -97,6 +97,47 @@ def _(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignor
             hidden.new_empty((hidden.shape[0],), dtype=compute))
 
 
+class _GradAccumulator:
+    """The projection's gradients, chunk by chunk, from each chunk's softmax (in place):
+    the hidden states' rows written, the weight's and the bias's accumulated in fp32 (fp64)."""
+
+    def __init__(self, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
+                 ignore_index: int, reduction: str, label_smoothing: float,
+                 compute: torch.dtype) -> None:
+        self.hidden, self.weight, self.bias, self.target = hidden, weight, bias, target
+        self.ignore_index, self.smoothing, self.compute = ignore_index, label_smoothing, compute
+        self.accumulate = torch.float64 if compute is torch.float64 else torch.float32
+        self.scale = torch.ones((), dtype=self.accumulate, device=hidden.device)
+        if reduction == "mean":
+            self.scale = self.scale / (target != ignore_index).sum()
+        self.grad_hidden = torch.empty_like(hidden)
+        self.grad_weight = torch.zeros(weight.shape, dtype=self.accumulate, device=weight.device)
+        self.grad_bias = (torch.zeros(weight.shape[0], dtype=self.accumulate,
+                                      device=weight.device)
+                          if bias is not None else weight.new_empty((0,)))
+
+    def add(self, start: int, end: int, softmax: Tensor, grad_loss: Tensor | None = None) -> None:
+        grad = softmax
+        t = self.target[start:end]
+        kept = t != self.ignore_index
+        if self.smoothing:
+            grad.sub_(self.smoothing / grad.shape[1])
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        grad[rows, torch.where(kept, t, 0)] -= (1.0 - self.smoothing)
+        scale = self.scale if grad_loss is None else self.scale * grad_loss.to(self.accumulate)
+        grad.mul_((kept.to(self.compute) * scale.to(self.compute)).unsqueeze(1))
+        grad = grad.to(self.hidden.dtype)  # the backward of the cast to ``compute``
+        h = self.hidden[start:end]
+        self.grad_hidden[start:end] = grad @ self.weight
+        self.grad_weight += (grad.t() @ h).to(self.accumulate)
+        if self.bias is not None:
+            self.grad_bias += grad.sum(dim=0, dtype=self.accumulate)
+
+    def result(self) -> tuple[Tensor, Tensor, Tensor]:
+        return (self.grad_hidden, self.grad_weight.to(self.weight.dtype),
+                self.grad_bias.to(self.bias.dtype) if self.bias is not None else self.grad_bias)
+
+
 @torch.library.custom_op("aot_partition::linear_cross_entropy_backward", mutates_args=())
 def linear_cross_entropy_backward(grad_loss: Tensor, hidden: Tensor, weight: Tensor,
                                   bias: Tensor | None, target: Tensor, lse: Tensor,
@@ -104,36 +145,15 @@ def linear_cross_entropy_backward(grad_loss: Tensor, hidden: Tensor, weight: Ten
                                   chunks: int) -> tuple[Tensor, Tensor, Tensor]:
     """(grad hidden, grad weight, grad bias: empty without a bias), recomputing each chunk's
     logits; the weight's and the bias's gradients accumulate in fp32 (or fp64)."""
-    compute = lse.dtype
-    vocab = weight.shape[0]
-    accumulate = torch.float64 if compute is torch.float64 else torch.float32
-    scale = grad_loss.to(accumulate)
-    if reduction == "mean":
-        scale = scale / (target != ignore_index).sum()
-    grad_hidden = torch.empty_like(hidden)
-    grad_weight = torch.zeros(weight.shape, dtype=accumulate, device=weight.device)
-    grad_bias = (torch.zeros(vocab, dtype=accumulate, device=weight.device)
-                 if bias is not None else weight.new_empty((0,)))
+    grads = _GradAccumulator(hidden, weight, bias, target, ignore_index, reduction,
+                             label_smoothing, lse.dtype)
     for start, end in _chunk_bounds(hidden.shape[0], chunks):
         # One chunk-sized buffer: the logits, turned into the logits' gradient in place.
-        h = hidden[start:end]
-        grad = _logits(h, weight, bias, compute)
-        grad.sub_(lse[start:end].unsqueeze(1)).exp_()   # the softmax
-        t = target[start:end]
-        kept = t != ignore_index
-        if label_smoothing:
-            grad.sub_(label_smoothing / vocab)
-        rows = torch.arange(grad.shape[0], device=grad.device)
-        grad[rows, torch.where(kept, t, 0)] -= (1.0 - label_smoothing)
-        grad.mul_((kept.to(compute) * scale.to(compute)).unsqueeze(1))
-        grad = grad.to(hidden.dtype)  # the backward of the cast to ``compute``
-        grad_hidden[start:end] = grad @ weight
-        grad_weight += (grad.t() @ h).to(accumulate)
-        if bias is not None:
-            grad_bias += grad.sum(dim=0, dtype=accumulate)
-        del grad
-    return (grad_hidden, grad_weight.to(weight.dtype),
-            grad_bias.to(bias.dtype) if bias is not None else grad_bias)
+        softmax = _logits(hidden[start:end], weight, bias, lse.dtype)
+        softmax.sub_(lse[start:end].unsqueeze(1)).exp_()
+        grads.add(start, end, softmax, grad_loss)
+        del softmax
+    return grads.result()
 
 
 @linear_cross_entropy_backward.register_fake
@@ -162,6 +182,70 @@ def _backward(ctx: torch.autograd.function.FunctionCtx, grad_loss: Tensor, _grad
 
 
 linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("aot_partition::linear_cross_entropy_with_grads", mutates_args=())
+def linear_cross_entropy_with_grads(hidden: Tensor, weight: Tensor, bias: Tensor | None,
+                                    target: Tensor, ignore_index: int, reduction: str,
+                                    label_smoothing: float, dtype: str, chunks: int
+                                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss, and its gradients for hidden, weight and bias: empty without a bias) in one pass
+    over the chunks: each chunk's logits become its gradient while they exist, so the backward
+    only scales the kept gradients by the loss's gradient (no logits recomputed: the
+    projection's three matmuls, as unsplit, for two [tokens, dim] and [vocab, dim] tensors
+    kept from forward to backward)."""
+    _check(hidden, weight, target, reduction, chunks)
+    compute = _DTYPES[dtype]
+    vocab = weight.shape[0]
+    grads = _GradAccumulator(hidden, weight, bias, target, ignore_index, reduction,
+                             label_smoothing, compute)
+    total = torch.zeros((), dtype=grads.accumulate, device=hidden.device)
+    for start, end in _chunk_bounds(hidden.shape[0], chunks):
+        logits = _logits(hidden[start:end], weight, bias, compute)
+        t = target[start:end]
+        kept = t != ignore_index
+        picked = logits.gather(1, torch.where(kept, t, 0).unsqueeze(1)).squeeze(1)
+        mean_logit = logits.sum(dim=-1) / vocab if label_smoothing else None
+        top = logits.amax(dim=-1)
+        sums = logits.sub_(top.unsqueeze(1)).exp_().sum(dim=-1)
+        chunk_lse = sums.log() + top
+        nll = chunk_lse - picked
+        if mean_logit is not None:
+            nll = (1.0 - label_smoothing) * nll + label_smoothing * (chunk_lse - mean_logit)
+        total += torch.where(kept, nll, 0).sum(dtype=total.dtype)
+        grads.add(start, end, logits.div_(sums.unsqueeze(1)))
+        del logits
+    if reduction == "mean":
+        total = total / (target != ignore_index).sum()
+    return (total.to(compute), *grads.result())
+
+
+@linear_cross_entropy_with_grads.register_fake
+def _(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int,
+      reduction: str, label_smoothing: float, dtype: str, chunks: int
+      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return (hidden.new_empty((), dtype=_DTYPES[dtype]), torch.empty_like(hidden),
+            torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else weight.new_empty((0,)))
+
+
+def _setup_with_grads(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple
+                      ) -> None:
+    ctx.save_for_backward(*output[1:])
+    ctx.has_bias = inputs[2] is not None  # type: ignore[attr-defined]
+
+
+def _backward_with_grads(ctx: torch.autograd.function.FunctionCtx, grad_loss: Tensor,
+                         *_unused: Tensor) -> tuple:
+    grad_hidden, grad_weight, grad_bias = ctx.saved_tensors  # type: ignore[attr-defined]
+    return (grad_hidden * grad_loss.to(grad_hidden.dtype),
+            grad_weight * grad_loss.to(grad_weight.dtype),
+            grad_bias * grad_loss.to(grad_bias.dtype) if ctx.has_bias else None,  # type: ignore[attr-defined]
+            None, None, None, None, None, None)
+
+
+linear_cross_entropy_with_grads.register_autograd(_backward_with_grads,
+                                                  setup_context=_setup_with_grads)
 
 
 def reference_linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None,

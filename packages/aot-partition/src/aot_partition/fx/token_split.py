@@ -86,20 +86,30 @@ class SplitSite:
         return rows * self.vocab * self.dtype.itemsize
 
 
+# How the gradients are made: "forward_grads" (each chunk's gradient computed while its logits
+# exist, in the forward; the backward scales them: no matmul more than unsplit, the [tokens,
+# dim] and [vocab, dim] gradients kept from forward to backward) or "recompute" (the forward
+# keeps each token's log-sum-exp; the backward recomputes each chunk's logits: one matmul
+# more). Without gradients to make (inference), the forward computes the loss only.
+SPLIT_MODES = ("forward_grads", "recompute")
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitDecision:
     """What ``split_token_wise`` did at one site (``chunks`` 1: left whole)."""
 
     site: SplitSite
     chunks: int
+    mode: str = "forward_grads"
 
     def describe(self) -> str:
         if self.chunks <= 1:
             return f"{self.site.loss}: not split"
         return (f"{self.site.loss} (linear {self.site.linear}, {self.site.tokens} tokens x "
                 f"{self.site.vocab} vocab, {str(self.site.dtype).removeprefix('torch.')}): "
-                f"split into {self.chunks} chunks, logits {self.site.logits_bytes:,} -> "
-                f"{self.site.chunk_bytes(self.chunks):,} bytes a buffer")
+                f"split into {self.chunks} chunks ({self.mode.replace('_', ' ')}), logits "
+                f"{self.site.logits_bytes:,} -> {self.site.chunk_bytes(self.chunks):,} bytes a "
+                f"buffer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,9 +261,13 @@ def _match(loss: fx.Node, autocast: bool) -> SplitSite | str:
 
 
 def split_token_wise(gm: fx.GraphModule, chunks: int | Sequence[int],
-                     sites: Sequence[SplitSite] | None = None) -> list[SplitDecision]:
+                     sites: Sequence[SplitSite] | None = None,
+                     mode: str = "forward_grads") -> list[SplitDecision]:
     """Rewrite ``gm`` in place: each site (all found, by default) into ``chunks`` chunks (one
-    count, or one per site; 1 leaves a site whole). Returns what was done."""
+    count, or one per site; 1 leaves a site whole), its gradients made as ``mode`` says
+    (SPLIT_MODES). Returns what was done."""
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"split mode {mode!r}: valid are {', '.join(SPLIT_MODES)}")
     if sites is None:
         sites = find_split_sites(gm)[0]
     counts = [chunks] * len(sites) if isinstance(chunks, int) else list(chunks)
@@ -263,17 +277,23 @@ def split_token_wise(gm: fx.GraphModule, chunks: int | Sequence[int],
     for site, count in zip(sites, counts):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ValueError(f"chunks must be an int >= 1, got {count!r}")
+        site_mode = mode if _needs_grad(site) else "recompute"
         if count > 1:
-            _rewrite(gm, site, count)
-            log.info("split %s into %d chunks", site.loss, count)
-        decisions.append(SplitDecision(site, count))
+            _rewrite(gm, site, count, site_mode)
+            log.info("split %s into %d chunks (%s)", site.loss, count, site_mode)
+        decisions.append(SplitDecision(site, count, site_mode))
     if any(d.chunks > 1 for d in decisions):
         gm.graph.lint()
         gm.recompile()
     return decisions
 
 
-def _rewrite(gm: fx.GraphModule, site: SplitSite, chunks: int) -> None:
+def _needs_grad(site: SplitSite) -> bool:
+    """Whether the logits need a gradient (traced with grad mode on, something trainable)."""
+    return bool(getattr(_value(site.chain[0]), "requires_grad", False))
+
+
+def _rewrite(gm: fx.GraphModule, site: SplitSite, chunks: int, mode: str) -> None:
     graph = gm.graph
     loss = next(n for n in graph.nodes if n.name == site.loss)
     with graph.inserting_before(loss):
@@ -287,8 +307,10 @@ def _rewrite(gm: fx.GraphModule, site: SplitSite, chunks: int) -> None:
                 hidden = graph.call_method("flatten", (hidden, 0, -2))
         hidden = graph.call_method("flatten", (hidden, 0, -2))
         target = graph.call_method("reshape", (site.target, -1))
+        op = (torch.ops.aot_partition.linear_cross_entropy_with_grads.default
+              if mode == "forward_grads" else torch.ops.aot_partition.linear_cross_entropy.default)
         call = graph.call_function(
-            torch.ops.aot_partition.linear_cross_entropy.default,
+            op,
             (hidden, site.weight, site.bias, target, site.ignore_index, site.reduction,
              site.label_smoothing, chunked_loss.dtype_name(site.dtype), chunks))
         result = graph.call_function(operator.getitem, (call, 0))
