@@ -127,6 +127,22 @@ def test_gpt2_dropout_on_dynamic_sequence_lengths_equal_eager_at_every_length():
         _compare(model, eager, call(compiled, seed), call(eager, seed), batch, rtol=1e-4)
 
 
+def test_fsdp2_on_two_ranks_splits_the_head_and_equals_eager():
+    """FSDP2 (each block and the root sharded) on 2 gloo ranks, the model compiled with
+    split=4 (Inductor and nop): the head and loss end the last graph, are split, and every
+    gradient equals one process's eager model over both ranks' batches."""
+    from ranks import run_ranks
+
+    variants = [("inductor", 4), ("nop", 4)]
+    results = run_ranks("dist_cases_split:fsdp2_split", world_size=2,
+                        kwargs={"variants": variants}, timeout=300)
+    for rank in results:
+        for (compiler, _), result in zip(variants, rank):
+            assert result["max_grad_error"] < 1e-5, (compiler, result)
+            assert len(result["splits"]) == 1 and "split into 4 chunks" in result["splits"][0]
+            assert result["graphs"] == result["partitions"] == 3
+
+
 def test_budget_one_without_a_cap_splits_nothing_by_default():
     torch._dynamo.reset()
     model = _gpt()
