@@ -17,10 +17,12 @@ tokens not ignored (nan when there are none, as torch's), ``label_smoothing`` as
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 log = logging.getLogger(__name__)
 
@@ -258,3 +260,56 @@ def reference_linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor 
         logits = logits.to(dtype)
     return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction,
                            label_smoothing=label_smoothing)
+
+
+# ---- what the ops cost: FLOPs (torch's FLOP counter, hence the roofline) and memory ------------
+
+def _projection_flops(hidden_shape: Any, weight_shape: Any) -> int:
+    """One [tokens, dim] x [dim, vocab] matmul."""
+    return 2 * int(hidden_shape[0]) * int(hidden_shape[1]) * int(weight_shape[0])
+
+
+@register_flop_formula(torch.ops.aot_partition.linear_cross_entropy)
+def _forward_flops(hidden_shape: Any, weight_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return _projection_flops(hidden_shape, weight_shape)
+
+
+@register_flop_formula(torch.ops.aot_partition.linear_cross_entropy_backward)
+def _backward_flops(grad_shape: Any, hidden_shape: Any, weight_shape: Any, *args: Any,
+                    **kwargs: Any) -> int:
+    return 3 * _projection_flops(hidden_shape, weight_shape)  # logits again, then both grads
+
+
+@register_flop_formula(torch.ops.aot_partition.linear_cross_entropy_with_grads)
+def _with_grads_flops(hidden_shape: Any, weight_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return 3 * _projection_flops(hidden_shape, weight_shape)
+
+
+CHUNKED_OPS = (torch.ops.aot_partition.linear_cross_entropy.default,
+               torch.ops.aot_partition.linear_cross_entropy_backward.default,
+               torch.ops.aot_partition.linear_cross_entropy_with_grads.default)
+
+
+def workspace_bytes(target: Any, args: tuple[Any, ...]) -> int:
+    """What one call allocates and frees inside (its outputs excluded), from the argument
+    shapes: one chunk's logits in the compute dtype, the projection's output before the cast,
+    the gradient's cast back, the per-token vectors and the fp32 accumulators. ``args`` are
+    the op's arguments (tensors or anything with ``shape`` and ``dtype``)."""
+    if target is torch.ops.aot_partition.linear_cross_entropy_backward.default:
+        hidden, weight, bias, lse, chunks = args[1], args[2], args[3], args[5], args[9]
+        compute = lse.dtype
+    else:
+        hidden, weight, bias, chunks = args[0], args[1], args[2], args[8]
+        compute = _DTYPES[args[7]]
+    tokens, dim = (int(s) for s in hidden.shape)
+    vocab = int(weight.shape[0])
+    rows = -(-tokens // max(1, chunks)) if tokens else 0
+    chunk = rows * vocab
+    low = hidden.dtype.itemsize
+    logits = chunk * compute.itemsize + (chunk * low if hidden.dtype != compute else 0)
+    gradient = chunk * low if hidden.dtype != compute else 0
+    vectors = 8 * rows * 8  # lse, picked, top, sums, masks, indices of one chunk
+    grads = target is not torch.ops.aot_partition.linear_cross_entropy.default
+    accumulators = (vocab * dim + (vocab if bias is not None else 0)) * 4 if grads else 0
+    accumulators += rows * dim * low if grads else 0  # a chunk's grad hidden before its copy
+    return logits + gradient + vectors + accumulators

@@ -817,6 +817,10 @@ def _measure_cuda(step: Callable[[], Any], device: torch.device, *,
 _workspace_cache: dict[Any, int] = {}
 
 
+# Our chunked ops are run to measure their scratch only below this estimate (bytes).
+_MEASURED_WORKSPACE_LIMIT = 256 * 2**20
+
+
 def profiled_workspace(node: fx.Node,
                        strides: dict[fx.Node, tuple[int, ...]] | None = None) -> int:
     """Bytes ``node``'s op allocates and frees inside its kernel, beyond its outputs: its peak
@@ -829,6 +833,17 @@ def profiled_workspace(node: fx.Node,
     if not isinstance(target, torch._ops.OpOverload) or any(
             r.alias_info is not None for r in target._schema.returns):
         return 0
+    from . import chunked_loss
+
+    if target in chunked_loss.CHUNKED_OPS:
+        # Ours: measured like any op where that is cheap (a library's scratch, e.g. oneDNN's
+        # for a bf16 matmul, shows only there), else from the shapes, at any size.
+        args = pytree.tree_map_only(fx.Node, lambda a: a.meta.get("val"), node.args)
+        estimate = chunked_loss.workspace_bytes(target, tuple(args))
+        fake = any(isinstance(v, torch.Tensor) and v.device.type == "meta"
+                   for v in pytree.tree_leaves(args))
+        if fake or estimate > _MEASURED_WORKSPACE_LIMIT:
+            return estimate
     strides = strides or {}
     key = (target, _signature((node.args, node.kwargs)),
            tuple(sorted((a.name, s) for a, s in strides.items())))

@@ -70,16 +70,23 @@ class SplitSite:
     # the projection, then each node after it up to the loss's input, in run order
     chain: tuple[fx.Node, ...] = dataclasses.field(repr=False, compare=False)
 
+    projection_dtype: torch.dtype = torch.float32  # the projection's (before any cast)
+
     @property
     def logits_bytes(self) -> int:
         """One [tokens x vocab] buffer in the compute dtype: what each chunk divides."""
         return self.tokens * self.vocab * self.dtype.itemsize
 
     def bytes_saved(self, chunks: int) -> int:
-        """Per logits-sized buffer alive at once, the bytes chunking saves (an estimate: the
-        step's peak holds one to three such buffers, the compiled program's model says
-        which)."""
-        return self.logits_bytes - self.chunk_bytes(chunks)
+        """An estimate of what splitting lowers the peak by: whole, a compiler keeps the
+        projection's output (its dtype; the cast and the loss fused into one pass); split, a
+        chunk holds its logits in the compute dtype, the projection's output before the cast
+        and the gradient cast back (chunked_loss.workspace_bytes). Negative: no gain."""
+        rows = -(-self.tokens // max(1, chunks))
+        low = self.projection_dtype.itemsize
+        per_element = self.dtype.itemsize + (2 * low if self.projection_dtype != self.dtype
+                                             else 0)
+        return self.tokens * self.vocab * low - rows * self.vocab * per_element
 
     def chunk_bytes(self, chunks: int) -> int:
         rows = -(-self.tokens // max(1, chunks))
@@ -257,7 +264,7 @@ def _match(loss: fx.Node, autocast: bool) -> SplitSite | str:
     return SplitSite(loss.name, linear.name, _hint(value.shape[0]), _hint(w_value.shape[0]),
                      compute, reduction, ignore, float(smoothing), hidden, weight,
                      bias if isinstance(bias, fx.Node) else None, target,
-                     (linear, *reversed(chain)))
+                     (linear, *reversed(chain)), out_value.dtype)
 
 
 def split_token_wise(gm: fx.GraphModule, chunks: int | Sequence[int],
