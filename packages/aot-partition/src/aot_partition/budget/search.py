@@ -20,6 +20,12 @@ read from the call's ``PartitionConfig`` (``BudgetSearch.prepare(..., config=)``
 
 Budgets in bytes (``activation_memory_budget_bytes``, ``activation_memory_peak_bytes``) choose
 among a fixed set of this search's cuts: see caps.py.
+
+The core's search (``core.partition_under_budget``) is the other budget search; this one stays
+the fx path's because its answers are torch's (ARCHITECTURE.md, "Two budget searches, and
+why"). ``core_budget_graph`` translates a search's joint into the core's terms and
+``core_saved_values`` runs the core's search on it: tests/aot_partition/
+test_one_budget_search.py compares the two.
 """
 
 from __future__ import annotations
@@ -37,18 +43,22 @@ from torch.fx.experimental._backward_state import BackwardState
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from ..config import PartitionConfig
+from ..core.budget import BudgetedPartition, partition_under_budget
+from ..core.graph import CoreGraph
 from ..core.ilp_graph import SaveOrRecompute, evaluate, solve_save_or_recompute
 from ..core.knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
+from ..core.rules import use_distances
 from ..fx import spmd
-from ..fx.classify import FAR_FROM_BACKWARD, NodeInfo
+from ..fx.classify import FAR_FROM_BACKWARD, NodeInfo, default_op_types
+from ..fx.context import PolicyContext
 from ..fx.estimators import check_estimator, estimate_runtime
 from ..fx.extract import backward_live_nodes
 from ..fx.joint import is_bwd_seed_offset, is_random, is_tangent
-from ..fx.network import NetworkMemo
+from ..fx.network import NetworkMemo, core_options
 from ..fx.passes.rng import device_of, rng_state_nbytes
 from ..fx.policy import MinCutOptions, never_released
 from ..fx.sizes import is_opaque, node_nbytes
-from ..fx.solve import MinCutSolution, min_cut_bans, solve_min_cut_detailed
+from ..fx.solve import MinCutSolution, min_cut_bans, selected_solver, solve_min_cut_detailed
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,8 @@ __all__ = [
     "BUDGET_SOLVERS",
     "BudgetSearch",
     "choose_saved_values_set",
+    "core_budget_graph",
+    "core_saved_values",
     "validate_memory_budget",
 ]
 
@@ -194,6 +206,9 @@ class BudgetSearch:
     # HiGHS did not prove optimal is dropped for the "dp" one (deterministic answers).
     ilp_time_limit_s: float | None = None
     ilp_optimal_only: bool = False
+    # ``core_budget_graph``'s translations, by estimator (the items' runtimes depend on it).
+    core_graphs: dict[str, tuple[CoreGraph, dict[str, Any]]] = field(default_factory=dict,
+                                                                      repr=False)
     # A region budget over the whole forward (torch's region_activation_memory_budget): 0.0
     # means checkpointing the whole region, so the inputs, alive anyway, cost nothing.
     inputs_alive: bool = False
@@ -541,3 +556,50 @@ def choose_saved_values_set(joint_graph: fx.Graph, node_info: NodeInfo,
     memory_budget = validate_memory_budget(memory_budget)
     search = BudgetSearch.prepare(joint_graph, node_info, config=config)
     return search.saved_values(memory_budget)[0]
+
+
+def core_budget_graph(search: BudgetSearch) -> tuple[CoreGraph, dict[str, Any]]:
+    """The joint of ``search`` as the core's budget search sees it: (graph, the keywords of
+    ``core.partition_under_budget`` but the budget).
+
+    The graph is the adapter's description (fx/network.py, the description every cut of the
+    search is made from) with the rules of the runtime-optimal cut; a node's ``runtime`` is
+    the search's estimate for its knapsack items (``candidates``: the nodes still banned under
+    the aggressive options) and 0 elsewhere, so the core's runtime-optimal cut is this
+    search's, and the bans the escalation lifts cost the core's knapsack nothing, as the
+    escalation lifts them at no estimated runtime (caps.choose_candidate says the same).
+    Call it while the joint is prepared (as ``BudgetSearch.prepare``); made once per
+    estimator, so the core keeps its candidate cuts for the next budget."""
+    found = search.core_graphs.get(search.estimator)
+    if found is not None:
+        return found
+    search._aggressive_items()  # the candidates
+    runtimes = dict(zip(search.candidates, search.item_runtimes()))
+    ctx = PolicyContext.create(default_op_types(), search.node_info, search.options,
+                               search.config)
+    desc = search.memo.description(search.joint_graph, ctx)
+    nodes = tuple(replace(node, runtime=float(runtimes.get(fx_node, 0.0)))
+                  if fx_node in runtimes else node
+                  for fx_node, node in zip(desc.nodes, desc.graph.nodes))
+    graph = CoreGraph(nodes)
+    distances = desc.graph._cache.get("distances")
+    if distances is not None:  # the classification's hops to the backward, as every cut
+        use_distances(graph, distances)
+    found = search.core_graphs[search.estimator] = (graph, core_options(desc, ctx))
+    return found
+
+
+def core_saved_values(search: BudgetSearch, **budget: Any
+                      ) -> tuple[list[fx.Node], BudgetedPartition]:
+    """The core's search on ``core_budget_graph(search)``: (saved values in graph order, the
+    core's answer). ``budget``: ``partition_under_budget``'s ``fraction``, ``fraction_of``,
+    ``max_saved_bytes`` or ``max_peak_bytes`` (and ``knapsack``, default the search's solver
+    when it is a knapsack solver)."""
+    graph, options = core_budget_graph(search)
+    knapsack = budget.pop("knapsack", search.solver if search.solver in KNAPSACK_SOLVERS
+                          else "dp")
+    solver, _ = selected_solver(search.config.min_cut_solver)  # the fx path's cuts' solver
+    answer = partition_under_budget(graph, knapsack=knapsack, solver=solver, **options,
+                                    **budget)
+    by_id = {node.name: node for node in search.joint_graph.nodes}
+    return [by_id[name] for name in answer.saved], answer

@@ -21,6 +21,13 @@ The search, runtime-aware:
    recompute-everything cut's and ``optimal`` the runtime-optimal cut's; at 1.0 the answer is
    the runtime-optimal cut. A cap nothing meets raises UnreachableMemoryBudgetError naming the
    least reachable candidate.
+   ``fraction_of`` names what a fraction is a fraction of (``FRACTION_OF``): "span" (the
+   default, as above) or "runtime_optimal", torch's meaning (``activation_memory_budget``, the
+   fx path's): ``f * optimal`` saved bytes, 0.0 being the inputs-only cut (0 bytes in the one
+   measure). A "runtime_optimal" limit below every candidate is answered with the least
+   candidate (the fewest bytes, then the least recompute), as torch's search answers 0.0 with
+   its recompute-everything cut: a fraction never raises. Only the limit differs; the
+   candidates, refinement and choice are the same.
 5. Refinement, the search's resolution. The knapsack weighs items' bytes, not the cut's, so a
    candidate may save much less than its fraction allows (or overshoot it). A limit is refined
    when the best cut meeting it measures at most a floor below it and a fixed candidate with
@@ -75,11 +82,17 @@ from .timeline import CoreMemoryTimeline, recomputed_mask, simulate_memory
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BUDGET_FRACTIONS", "BudgetedPartition", "CoreBudget", "partition_under_budget"]
+__all__ = ["BUDGET_FRACTIONS", "FRACTION_OF", "BudgetedPartition", "CoreBudget",
+           "partition_under_budget"]
 
 # The fractions whose knapsack cuts are candidates (1, 31/32, ..., 0), as budget/caps.py has.
 GRID = 32
 BUDGET_FRACTIONS = tuple(i / GRID for i in range(GRID, -1, -1))
+# What a fraction is a fraction of (``partition_under_budget``'s ``fraction_of``): "span", the
+# range from the recompute-everything cut's saved bytes (0.0) to the runtime-optimal cut's
+# (1.0); "runtime_optimal", torch's meaning: the runtime-optimal cut's saved bytes, 0.0 being
+# the inputs-only cut.
+FRACTION_OF = ("span", "runtime_optimal")
 # A refinement stops within 1/REFINE_STEPS of the measure's range below its limit.
 REFINE_STEPS = 1024
 REPAIR_TRIES = 8
@@ -92,12 +105,17 @@ _UNREACHABLE_WORDS = {"saved_bytes": ("activation memory budget", "save"),
 
 @dataclass(frozen=True)
 class CoreBudget:
-    """The budget a partition was given: ``kind`` is fraction, saved_bytes or peak_bytes."""
+    """The budget a partition was given: ``kind`` is fraction, saved_bytes or peak_bytes;
+    ``fraction_of`` what a fraction is a fraction of (``FRACTION_OF``)."""
 
     kind: str
     value: float
+    fraction_of: str = "span"
 
     def describe(self) -> str:
+        if self.kind == "fraction" and self.fraction_of == "runtime_optimal":
+            return f"memory budget {self.value:g} (fraction of the runtime-optimal cut's " \
+                   "saved bytes, torch's meaning)"
         if self.kind == "fraction":
             return f"memory budget {self.value:g} (fraction between recompute-everything and " \
                    "runtime-optimal saved bytes)"
@@ -160,7 +178,13 @@ class BudgetedPartition:
 
 
 def _budget(fraction: float | None, max_saved_bytes: int | None,
-            max_peak_bytes: int | None) -> CoreBudget:
+            max_peak_bytes: int | None, fraction_of: str = "span") -> CoreBudget:
+    if fraction_of not in FRACTION_OF:
+        raise CoreGraphError(f"fraction_of must be one of {', '.join(FRACTION_OF)}; got "
+                             f"{fraction_of!r}")
+    if fraction_of != "span" and fraction is None:
+        raise CoreGraphError(f"fraction_of={fraction_of!r} applies to a fraction budget; give "
+                             "fraction=")
     given = [(kind, value) for kind, value in (("fraction", fraction),
                                                ("saved_bytes", max_saved_bytes),
                                                ("peak_bytes", max_peak_bytes))
@@ -174,7 +198,7 @@ def _budget(fraction: float | None, max_saved_bytes: int | None,
                 or not 0 <= value <= 1):
             raise CoreGraphError(f"fraction must be a number between 0 and 1 (0 = recompute "
                                  f"everything, 1 = runtime-optimal); got {value!r}")
-        return CoreBudget(kind, float(value))
+        return CoreBudget(kind, float(value), fraction_of)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         name = "max_saved_bytes" if kind == "saved_bytes" else "max_peak_bytes"
         raise CoreGraphError(f"{name} must be an int >= 0 (bytes); got {value!r}")
@@ -264,7 +288,10 @@ class _Search:
         everything = candidates[1] if len(candidates) > 1 else candidates[0]
         return everything.saved_bytes, self.optimal.saved_bytes
 
-    def fraction_limit(self, fraction: float) -> float:
+    def fraction_limit(self, fraction: float, fraction_of: str = "span") -> float:
+        """The saved bytes ``fraction`` allows (``FRACTION_OF``)."""
+        if fraction_of == "runtime_optimal":
+            return fraction * self.optimal.saved_bytes
         least, most = self.least_and_most()
         return least + fraction * (most - least)
 
@@ -450,9 +477,9 @@ def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
         if budget.value == 1:
             return optimal
         least, most = search.least_and_most()
-        if most <= least:
+        if most <= least and budget.fraction_of == "span":
             return optimal
-        limit: float = search.fraction_limit(budget.value)
+        limit: float = search.fraction_limit(budget.value, budget.fraction_of)
         kind = "saved_bytes"
     else:
         limit, kind = budget.value, budget.kind
@@ -460,6 +487,9 @@ def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
             return optimal
     measured = [(c, c.measure(kind)) for c in search.candidates()]
     fitting = [c for c, m in measured if m <= limit]
+    if not fitting and budget.kind == "fraction":  # torch's meaning, below every cut
+        fewest = min(m for _, m in measured)
+        return _best([c for c, m in measured if m == fewest])
     if not fitting:
         least_candidate, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
         what, verb = _UNREACHABLE_WORDS[kind]
@@ -467,7 +497,8 @@ def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
     if kind == "saved_bytes":  # every refined 1/32 answer the limit meets
         grid = [i for i in range(1, GRID) if search.fraction_limit(i / GRID) <= limit]
         fitting += [search.grid_answer(i) for i in grid]
-        if grid and grid[-1] / GRID == budget.value and budget.kind == "fraction":
+        if (grid and grid[-1] / GRID == budget.value and budget.kind == "fraction"
+                and budget.fraction_of == "span"):
             return _best(fitting)  # a 1/32 fraction: its refined answer is among them
     return _best(search.refine(limit, kind, fitting), kind)
 
@@ -479,8 +510,11 @@ def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: f
                            release: Collection[str] = (), solver: str = "scipy",
                            recompute_views: bool = False,
                            parameters_are_free: bool = True, rules: Collection[str] = (),
-                           max_dist_from_bw: int = MAX_DIST_FROM_BW) -> BudgetedPartition:
-    """The cut to take under one budget (see the module doc): ``fraction`` (0 to 1),
+                           max_dist_from_bw: int = MAX_DIST_FROM_BW,
+                           fraction_of: str = "span") -> BudgetedPartition:
+    """The cut to take under one budget (see the module doc): ``fraction`` (0 to 1; of the
+    recompute-everything to runtime-optimal span, or with ``fraction_of="runtime_optimal"``
+    of the runtime-optimal cut's saved bytes, torch's meaning),
     ``max_saved_bytes`` (a cap on the saved values' bytes) or ``max_peak_bytes`` (a cap on the
     simulated peak, inputs included). ``knapsack``: "dp", "greedy" or "ilp". ``bans``,
     ``release``, ``solver``, ``recompute_views``, ``parameters_are_free``, ``rules`` and
@@ -489,7 +523,7 @@ def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: f
     never). Deterministic; raises UnreachableMemoryBudgetError when no cut meets a cap."""
     if not isinstance(graph, CoreGraph):  # a CoreGraph keeps the search for the next budget
         graph = CoreGraph(tuple(graph))
-    budget = _budget(fraction, max_saved_bytes, max_peak_bytes)
+    budget = _budget(fraction, max_saved_bytes, max_peak_bytes, fraction_of)
     if knapsack not in KNAPSACK_SOLVERS:
         raise CoreGraphError(f"unknown knapsack solver {knapsack!r}; valid: "
                              f"{', '.join(sorted(KNAPSACK_SOLVERS))}")
