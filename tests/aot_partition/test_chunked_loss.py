@@ -150,3 +150,71 @@ def test_an_unsupported_compute_dtype_is_named():
     with pytest.raises(ValueError, match="no chunked cross-entropy in torch.int32; valid: "
                                          "float32, float64, bfloat16, float16"):
         dtype_name(torch.int32)
+
+
+def test_flop_counter_counts_the_projections():
+    """FlopCounterMode (and with it the roofline) sees the split's matmuls: gradients made in
+    the forward count the unsplit linear's three matmuls; recomputing the logits, one more."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def count(fn):
+        hidden = torch.randn(64, 16, requires_grad=True)
+        weight = torch.randn(100, 16, requires_grad=True)
+        target = torch.randint(0, 100, (64,))
+        with FlopCounterMode(display=False) as mode:
+            fn(hidden, weight, target).backward()
+        return mode.get_total_flops()
+
+    projection = 2 * 64 * 16 * 100
+    unsplit = count(lambda h, w, t: F.cross_entropy(F.linear(h, w), t))
+    counted = {name: count(lambda h, w, t, op=op: op(h, w, None, t, -100, "mean", 0.0,
+                                                      "float32", 4)[0])
+               for name, op in OPS.items()}
+    assert unsplit == counted["forward_grads"] == 3 * projection
+    assert counted["recompute"] == 4 * projection
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["recompute", "backward", "forward_grads"])
+def test_the_scratch_known_from_the_shapes_matches_the_profiler(dtype, name):
+    """``workspace_bytes`` (used beyond 256 MiB and on fake tensors, where nothing can run)
+    against the profiler's peak-minus-end of a real call, within 3%."""
+    from aot_partition.fx.chunked_loss import workspace_bytes
+    from aot_partition.fx.memory import _measure_cpu_profiler
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(512, 64, generator=g).to(dtype)
+    weight = torch.randn(4096, 64, generator=g).to(dtype)
+    bias = torch.randn(4096, generator=g).to(dtype)
+    target = torch.randint(0, 4096, (512,), generator=g)
+    if name == "backward":
+        op = torch.ops.aot_partition.linear_cross_entropy_backward.default
+        args = (torch.tensor(1.0), hidden, weight, bias, target, torch.randn(512), -100, "mean",
+                0.0, 4)
+    else:
+        op = (torch.ops.aot_partition.linear_cross_entropy.default if name == "recompute"
+              else torch.ops.aot_partition.linear_cross_entropy_with_grads.default)
+        args = (hidden, weight, bias, target, -100, "mean", 0.0, "float32", 4)
+    op(*args)
+    measured = _measure_cpu_profiler(lambda: op(*args), "cpu")
+    scratch = measured.peak_bytes - measured.end_bytes
+    assert abs(workspace_bytes(op, args) - scratch) <= 0.03 * scratch, (scratch,
+                                                                        workspace_bytes(op, args))
+
+
+def test_the_roofline_prices_the_passes_over_each_chunk():
+    """A split op moves its chunks' logits several times: the roofline's bytes include them
+    (its inputs and outputs alone would miss most of its memory time)."""
+    from aot_partition.fx.roofline import bytes_moved
+
+    op = torch.ops.aot_partition.linear_cross_entropy_with_grads.default
+    h, w, t = torch.randn(512, 64), torch.randn(4096, 64), torch.randint(0, 4096, (512,))
+    graph = torch.fx.Graph()
+    inputs = [graph.placeholder(name) for name in ("h", "w", "t")]
+    for node, value in zip(inputs, (h, w, t)):
+        node.meta["val"] = value
+    call = graph.call_function(op, (inputs[0], inputs[1], None, inputs[2], -100, "mean", 0.0,
+                                    "float32", 4))
+    call.meta["val"] = op(h, w, None, t, -100, "mean", 0.0, "float32", 4)
+    outside = sum(x.numel() * x.element_size() for x in (h, w, t, *call.meta["val"]))
+    assert bytes_moved(call) == outside + 12 * 512 * 4096 * 4

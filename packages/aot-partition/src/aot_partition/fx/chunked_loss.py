@@ -306,10 +306,34 @@ def workspace_bytes(target: Any, args: tuple[Any, ...]) -> int:
     rows = -(-tokens // max(1, chunks)) if tokens else 0
     chunk = rows * vocab
     low = hidden.dtype.itemsize
-    logits = chunk * compute.itemsize + (chunk * low if hidden.dtype != compute else 0)
-    gradient = chunk * low if hidden.dtype != compute else 0
-    vectors = 8 * rows * 8  # lse, picked, top, sums, masks, indices of one chunk
+    mixed = hidden.dtype != compute
     grads = target is not torch.ops.aot_partition.linear_cross_entropy.default
-    accumulators = (vocab * dim + (vocab if bias is not None else 0)) * 4 if grads else 0
-    accumulators += rows * dim * low if grads else 0  # a chunk's grad hidden before its copy
-    return logits + gradient + vectors + accumulators
+    logits = chunk * compute.itemsize + (chunk * low if mixed else 0)
+    logits += chunk * low if mixed and grads else 0  # the gradient cast back
+    vectors = 8 * rows * 8  # lse, picked, top, sums, masks, indices of one chunk
+    accumulators = 0
+    if grads:
+        accumulators = (vocab * dim + (vocab if bias is not None else 0)) * 4
+        accumulators += rows * dim * low  # a chunk's grad hidden before its copy
+        # the weight gradient's product in the low dtype before its cast (measured on CPU)
+        accumulators += vocab * dim * low if mixed else 0
+    return logits + vectors + accumulators
+
+
+# Passes over each logits element, read or written, in the wider of the two dtypes (the cast,
+# max, exp, sum, normalise, one-hot, scale, cast back, the matmuls' reads): the roofline adds
+# them to the op's inputs and outputs (a loss Inductor fuses makes about 3).
+_PASSES_PER_ELEMENT = {"forward": 7, "backward": 9, "with_grads": 12}
+
+
+def internal_bytes(target: Any, args: tuple[Any, ...]) -> int:
+    """Memory traffic inside one call, beyond reading its inputs and writing its outputs."""
+    if target is torch.ops.aot_partition.linear_cross_entropy_backward.default:
+        hidden, weight, compute, kind = args[1], args[2], args[5].dtype, "backward"
+    else:
+        hidden, weight = args[0], args[1]
+        compute = _DTYPES[args[7]]
+        kind = ("forward" if target is torch.ops.aot_partition.linear_cross_entropy.default
+                else "with_grads")
+    elements = int(hidden.shape[0]) * int(weight.shape[0])
+    return elements * _PASSES_PER_ELEMENT[kind] * max(compute.itemsize, hidden.dtype.itemsize)

@@ -347,6 +347,14 @@ def _extern_origin(node: Any) -> fx.Node | None:
     return found[0] if len(found) == 1 else None
 
 
+def _is_chunked_loss(node: Any) -> bool:
+    """An extern call of the split's ops (chunked_loss): their scratch is known from the shapes,
+    so it is counted even where measuring library scratch is off."""
+    from .chunked_loss import CHUNKED_OPS
+
+    return getattr(node, "op_overload", None) in CHUNKED_OPS
+
+
 def _extern_workspace(node: Any, with_outputs: bool = False) -> list[Event]:
     """The workspace event of an extern kernel whose op can be measured (none if 0): its FX
     op run on tensors laid out as the kernel's inputs are (Inductor may have made them
@@ -410,7 +418,7 @@ def _program(lowering: Any, gm: fx.GraphModule, workspace: bool = False
                 events.append(Alloc(node.get_name(), 0, _label(node)))  # the returned tuple
             else:
                 events.append(Alloc(node.get_name(), _nbytes(lowering, node), _label(node)))
-            if workspace:
+            if workspace or _is_chunked_loss(node):
                 # A tuple's items are bound after the call (and after frees of its inputs),
                 # but the library allocated them before its scratch: they peak together.
                 events.extend(_extern_workspace(
@@ -419,7 +427,7 @@ def _program(lowering: Any, gm: fx.GraphModule, workspace: bool = False
             events.extend(_tuple_item(lowering, line))
         elif kind in ("KernelCallLine", "ExternKernelOutLine", "ExternKernelMultiOutLine"):
             kernels += 1
-            if workspace and kind != "KernelCallLine":
+            if kind != "KernelCallLine" and (workspace or _is_chunked_loss(line.node)):
                 events.extend(_extern_workspace(line.node))
     inputs = tuple(n.name for n in gm.graph.find_nodes(op="placeholder"))
     materialized, fused = _fusion_of(lowering, events)
