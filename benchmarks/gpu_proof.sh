@@ -9,8 +9,9 @@
 #      Inductor model); predicted and measured peak per row. Started first: its rows are the
 #      ones no other machine can give.
 #   2. beside it, the CUDA-marked tests (the memory model against max_memory_allocated,
-#      offloading, Inductor modes) and the compiled-program memory model against the measured
-#      peak on the device (compiled_memory_bench.py). Peaks are per process and unaffected;
+#      offloading, Inductor modes, the split's ops) and the compiled-program memory model
+#      against the measured peak on the device (compiled_memory_bench.py); then the split
+#      (split_bench.py --quick: GPT-2's head, 8 x 1024 tokens: Inductor, torch@0.5, split). Peaks are per process and unaffected;
 #      step times are taken with these running beside, so they are indicative only.
 #
 # Prepare here (our wheels travel; the machine has torch, transformers, pytest, scipy):
@@ -80,9 +81,16 @@ if [ "$device" = cuda ]; then
   timeout 240 "$python" -m pytest -q -p no:cacheprovider -m cuda \
       tests/aot_partition/test_inductor_memory.py tests/aot_partition/test_offload_cuda.py \
       tests/aot_partition/test_estimators.py tests/aot_pipeline/test_pipeline_inductor.py \
-      tests/aot_pipeline/test_pipeline_modes.py > "$out/cuda_tests.log" 2>&1 || status=1
+      tests/aot_pipeline/test_pipeline_modes.py tests/aot_partition/test_chunked_loss.py \
+      > "$out/cuda_tests.log" 2>&1 || status=1
   tail -n 15 "$out/cuda_tests.log"
 fi
+step "beside it: the split (the LM head and loss in chunks) against Inductor and torch@0.5"
+if [ "$size" = tiny ]; then split_args="--smoke"
+else split_args="--quick --vocab 50304 --dim 768 --layers 2 --seq 1024 --batch 8"; fi
+timeout "$(left 10)" "$python" benchmarks/split_bench.py --device "$device" $split_args \
+    --out "$out" > "$out/split_bench.log" 2>&1 || status=1
+cat "$out/split_bench.md" 2>/dev/null
 wait "$bench" || status=1
 step "compiled-program memory model"
 cat "$out/compiled_memory_bench.md" 2>/dev/null

@@ -231,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--smoke", action="store_true", help="vocab 512, seq 64: three rows")
+    parser.add_argument("--quick", action="store_true",
+                        help="only inductor@1.0, torch@0.5, ours split=N and the compiled "
+                             "Liger-style baseline (a lent GPU's time is short)")
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     parser.add_argument("--results", action="store_true", help="also write RESULTS-split.md")
     args = parser.parse_args(argv)
@@ -259,16 +262,21 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
 
     compile_inductor = lambda step: torch.compile(step, backend="inductor")  # noqa: E731
-    add("eager", lambda: whole_step(model))
+    if not args.quick:
+        add("eager", lambda: whole_step(model))
     add("inductor@1.0", lambda: compile_inductor(whole_step(model)))
     if not args.smoke:
         add("torch@0.5", lambda: compile_inductor(whole_step(model)), budget=0.5)
+    if not (args.smoke or args.quick):
         add("ours@0.5", lambda: aot_pipeline.compile(whole_step(model), memory_budget=0.5,
                                                      split=False))
     add(f"ours split={args.chunks}", lambda: aot_pipeline.compile(whole_step(model),
                                                                   split=args.chunks))
+    if args.quick:
+        add(f"liger-style {args.chunks}, inductor",
+            lambda: compile_inductor(liger_step(model, args.chunks)))
     inductor_peak = next(r.peak_mib for r in rows if r.variant == "inductor@1.0")
-    if not args.smoke and inductor_peak is not None:
+    if not (args.smoke or args.quick) and inductor_peak is not None:
         inputs = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
             t.numel() * t.element_size() for t in batch)
         cap = inputs + int(0.4 * inductor_peak * MIB)
@@ -292,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=2)
     with open(os.path.join(args.out, "split_bench.md"), "w") as f:
         f.write(text)
-    if not args.smoke:
+    if not (args.smoke or args.quick):
         timeline_png(model, batch, args.chunks, os.path.join(
             HERE if args.results else args.out, "split_timeline.png"))
     if args.results:

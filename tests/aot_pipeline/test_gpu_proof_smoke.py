@@ -31,6 +31,11 @@ def test_the_gpu_proof_runs_end_to_end_on_cpu(tmp_path):
     ours = rows["ours@1.0+peakfrac=0.95"]
     assert ours["predicted_peak_bytes"] and ours["peak_step_bytes"]
     assert "| gpt2 | ours@1.0+peakfrac=0.95 |" in (tmp_path / "gpu_train_bench.md").read_text()
+    split = {row["variant"]: row for row in
+             json.loads((tmp_path / "split_bench.json").read_text())["rows"]}
+    assert set(split) == {"eager", "inductor@1.0", "ours split=8"}
+    assert split["ours split=8"]["peak_mib"] < split["inductor@1.0"]["peak_mib"]
+    assert split["ours split=8"]["max_grad_error"] < 1e-5
 
 
 def test_a_bad_argument_is_refused():
