@@ -114,7 +114,7 @@ def test_unknown_option_is_neither_ours_nor_inductors():
                              r"'max_autotune'\?\); valid options are compiled_autograd, compiler, "
                              r"defer_full_gc, memory_budget, memory_budget_best_effort, "
                              r"memory_budget_bytes, memory_peak_bytes, memory_peak_fraction, "
-                             r"solver or a torch._inductor.config setting"):
+                             r"solver, split or a torch._inductor.config setting"):
         aot_pipeline_backend(gm, [torch.randn(1, 2)], options={"max_autotunez": True})
     with pytest.raises(PipelineOptionError, match="unknown aot_pipeline option.*'nope'"):
         aot_pipeline.compile(nn.Linear(2, 2), options={"nope": 1})
