@@ -71,9 +71,10 @@ def _hidden(module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return (module.ln if hasattr(module, "ln") else module.norm)(x)
 
 
-def trace(kind: str, spec: dict[str, Any], batch: int, chunks: int | None
-          ) -> tuple[fx.GraphModule, list[Any], int, list[int]]:
-    """The step's joint (loss in fp32 inside), traced on fake CPU tensors in bf16."""
+def trace(kind: str, spec: dict[str, Any], batch: int, chunks: int | None,
+          sdpa: bool = False) -> tuple[fx.GraphModule, list[Any], int, list[int]]:
+    """The step's joint (loss in fp32 inside), traced on fake CPU tensors in bf16; ``sdpa``:
+    every attention through scaled_dot_product_attention (a Llama as trained)."""
     from aot_partition.fx import chunked_loss  # noqa: F401 - registers the ops
     from aot_pipeline import models
     from functorch.compile import aot_function, default_partition, make_boxed_func
@@ -96,6 +97,8 @@ def trace(kind: str, spec: dict[str, Any], batch: int, chunks: int | None
             module = getattr(models, kind)(**spec)
         finally:
             torch.set_default_dtype(default_dtype)
+        for block in module.blocks if sdpa else ():
+            block.attn.sdpa = True
         params = dict(module.named_parameters())
         ids = torch.randint(0, spec["vocab"], (batch, spec["seq"]))
         labels = torch.randint(0, spec["vocab"], (batch, spec["seq"]))
