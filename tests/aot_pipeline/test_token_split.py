@@ -248,6 +248,9 @@ class _Head(nn.Module):
     (lambda lg, t: F.cross_entropy(lg.unsqueeze(0).transpose(1, 2), t.unsqueeze(0)),
      "split takes [tokens, vocab] logits and [tokens] class indices"),
     (lambda lg, t: F.cross_entropy(lg.exp(), t), "between the projection and the loss"),
+    # a reshape that moves the class boundary: [6, 10] read as [12, 5]
+    (lambda lg, t: F.cross_entropy(lg.reshape(12, 5), torch.cat([t, t]) % 5),
+     "a reshape other than flattening the token dims"),
 ])
 def test_patterns_that_do_not_match_exactly_are_left_alone(loss_fn, reason):
     head = _Head()

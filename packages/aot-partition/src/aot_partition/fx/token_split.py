@@ -239,7 +239,7 @@ def _match(loss: fx.Node, autocast: bool) -> SplitSite | str:
             return f"{node.name} ({node.target}) between the projection and the loss"
         if _is_shape_op(node) and node.target != "contiguous":
             out, before = _value(node), _value(node.args[0])
-            if out is None or before is None or not (
+            if out is None or before is None or out.shape[-1] != before.shape[-1] or not (
                     out.dim() == 2 or tuple(out.shape) == tuple(before.shape)):
                 return f"{node.name}: a reshape other than flattening the token dims"
         chain.append(node)
@@ -258,6 +258,8 @@ def _match(loss: fx.Node, autocast: bool) -> SplitSite | str:
     if not (h_value.dtype == w_value.dtype == out_value.dtype) or \
             (isinstance(bias, fx.Node) and _value(bias).dtype != h_value.dtype):
         return "the projection mixes dtypes"
+    if value.shape[1] != w_value.shape[0]:
+        return f"the loss's classes ({value.shape[1]}) are not the projection's outputs"
     if not compute.is_floating_point or compute not in (torch.float32, torch.float64,
                                                         torch.bfloat16, torch.float16):
         return f"loss dtype {compute}"
