@@ -130,7 +130,8 @@ def _functional_hidden(module: torch.nn.Module, params: dict[str, torch.Tensor],
 
 
 def partition(joint: fx.GraphModule, inputs: list[Any], num_fwd_outputs: int,
-              static: list[int], who: str, fraction: float) -> tuple[Any, Any]:
+              static: list[int], who: str, fraction: float, peak_cap: int | None = None
+              ) -> tuple[Any, Any]:
     from aot_config import functorch as functorch_config
     from aot_partition import min_cut_rematerialization_partition
     from torch._functorch import config as torch_config
@@ -143,13 +144,17 @@ def partition(joint: fx.GraphModule, inputs: list[Any], num_fwd_outputs: int,
         with torch_config.patch(activation_memory_budget=fraction):
             return torch_partition(module, inputs, num_fwd_outputs=num_fwd_outputs,
                                    static_lifetime_input_indices=static)
-    with functorch_config.patch(activation_memory_budget=fraction):
+    cap = {} if peak_cap is None else {
+        "activation_memory_peak_bytes": peak_cap, "activation_memory_model": "inductor",
+        "activation_memory_budget_best_effort": True}
+    with functorch_config.patch(activation_memory_budget=fraction, **cap):
         return min_cut_rematerialization_partition(module, inputs,
                                                    num_fwd_outputs=num_fwd_outputs,
                                                    static_lifetime_input_indices=static)
 
 
-def score(fw: Any, bw: Any, static: list[int]) -> tuple[float, float]:
+def score(fw: Any, bw: Any, static: list[int], baseline: list[int] | None = None
+          ) -> tuple[float, float]:
     from aot_partition.fx.estimators import estimate_runtime
     from aot_partition.fx.inductor_memory import simulate_compiled_partition
 
@@ -157,17 +162,20 @@ def score(fw: Any, bw: Any, static: list[int]) -> tuple[float, float]:
                                            static_input_indices=static, workspace=False)
     seconds = sum(estimate_runtime(n, "roofline") for g in (fw.graph, bw.graph)
                   for n in g.nodes if n.op == "call_function")
+    if baseline is not None:
+        baseline.append(timeline.baseline_bytes)
     return timeline.peak_above_baseline / MIB, seconds * 1e3
 
 
 def run_model(name: str, kind: str, spec: dict[str, Any], batch: int,
-              chunks: tuple[int, ...]) -> list[Row]:
+              chunks: tuple[int, ...], cap_share: float | None = None) -> list[Row]:
     rows = []
     whole = trace(kind, spec, batch, None)
+    baseline: list[int] = []
     for variant, who, fraction in (("inductor@1.0", "torch", 1.0), ("torch@0.5", "torch", 0.5),
                                    ("torch@0.0", "torch", 0.0), ("ours@0.5", "ours", 0.5)):
         start = time.perf_counter()
-        peak, ms = score(*partition(*whole, who, fraction), whole[3])
+        peak, ms = score(*partition(*whole, who, fraction), whole[3], baseline)
         rows.append(Row(name, variant, peak, ms, time.perf_counter() - start))
         print(rows[-1], file=sys.stderr)
     for k in chunks:
@@ -182,6 +190,14 @@ def run_model(name: str, kind: str, spec: dict[str, Any], batch: int,
             rows.append(Row(name, f"ours split={k} @0.5", peak, ms,
                             time.perf_counter() - start))
             print(rows[-1], file=sys.stderr)
+            if cap_share:  # the planner's own choice under a peak cap (Inductor-priced)
+                half = next(r for r in rows if r.variant == "torch@0.5")
+                cap = baseline[0] + int(cap_share * half.peak_mib * MIB)
+                start = time.perf_counter()
+                peak, ms = score(*partition(*split, "ours", 1.0, peak_cap=cap), split[3])
+                rows.append(Row(name, f"ours split={k}, cap {cap_share:.0%} of torch@0.5",
+                                peak, ms, time.perf_counter() - start))
+                print(rows[-1], file=sys.stderr)
     return rows
 
 
@@ -208,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     parser.add_argument("--results", action="store_true")
+    parser.add_argument("--cap-share", type=float, default=None,
+                        help="also the split under a peak cap at this share of torch@0.5's "
+                             "peak, the planner choosing the cut (Inductor-priced: slow)")
     args = parser.parse_args(argv)
     from aot_partition.fx import roofline
 
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "date": datetime.date.today().isoformat()}
     os.makedirs(args.out, exist_ok=True)
     for name, (kind, spec, batch) in models.items():
-        rows += run_model(name, kind, spec, batch, chunks)
+        rows += run_model(name, kind, spec, batch, chunks, args.cap_share)
         text = markdown(rows, meta)
         with open(os.path.join(args.out, "split_sim_bench.md"), "w") as f:
             f.write(text)
