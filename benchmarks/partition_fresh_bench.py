@@ -55,7 +55,9 @@ sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "aot_pi
 import aot_partition  # noqa: E402
 
 BUDGETS = (1.0, 0.8, 0.5, 0.2, 0.0)
-BIG_MODELS: dict[str, dict[str, Any]] = {"gpt-32": {"name": "gpt", "layers": 32}}
+# The built-in GPT (attention written as matmuls) at depth: issue 28's GPT-32, and 12 layers.
+BIG_MODELS: dict[str, dict[str, Any]] = {"gpt-32": {"name": "gpt", "layers": 32},
+                                         "gpt-matmul-12": {"name": "gpt", "layers": 12}}
 
 
 @dataclass
@@ -267,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     real_names = [m for m in args.models if m in real.MODELS] + (
         list(real.MODELS) if "real" in args.models else [])
     big_names = [m for m in args.models if m in BIG_MODELS]
+    unknown = [m for m in args.models if m not in ("zoo", "real", *ZOO, *real.MODELS, *BIG_MODELS)]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; valid: zoo, real, "
+                     f"{', '.join([*ZOO, *real.MODELS, *BIG_MODELS])}")
     joints = zoo_joints(zoo_names) + big_joints(big_names) + real_joints(real_names)
 
     meta = {
