@@ -218,6 +218,25 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds()
             assert all(d.chunks >= 2 for d in compiled.recorder.splits)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_nll_loss_of_log_softmax_is_split_too_and_equals_eager(reduction):
+    torch._dynamo.reset()
+    model = _gpt()
+    eager = copy.deepcopy(model)
+
+    def step_of(module):
+        def step(ids, labels):
+            logits = module(ids).flatten(0, 1).float()
+            return F.nll_loss(F.log_softmax(logits, dim=-1), labels.flatten(),
+                              reduction=reduction)
+        return step
+
+    compiled = aot_pipeline.compile(step_of(model), split=4)
+    _compare(model, eager, compiled, step_of(eager), _batch(96, 2, 16))
+    (decision,) = compiled.recorder.splits
+    assert decision.chunks == 4 and decision.site.reduction == reduction
+
+
 def test_logits_read_elsewhere_are_left_whole_with_the_reason():
     torch._dynamo.reset()
     model = _gpt()
@@ -248,6 +267,8 @@ class _Head(nn.Module):
     (lambda lg, t: F.cross_entropy(lg.unsqueeze(0).transpose(1, 2), t.unsqueeze(0)),
      "split takes [tokens, vocab] logits and [tokens] class indices"),
     (lambda lg, t: F.cross_entropy(lg.exp(), t), "between the projection and the loss"),
+    (lambda lg, t: F.nll_loss(F.log_softmax(lg, dim=0), t),
+     "nll_loss of something other than log_softmax(logits, dim=-1)"),
     # a reshape that moves the class boundary: [6, 10] read as [12, 5]
     (lambda lg, t: F.cross_entropy(lg.reshape(12, 5), torch.cat([t, t]) % 5),
      "a reshape other than flattening the token dims"),

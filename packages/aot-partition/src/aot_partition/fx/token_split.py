@@ -8,7 +8,8 @@ gradient. ``find_split_sites`` recognises, in a traced torch-level graph (Dynamo
 
     linear(hidden, weight, bias?)  ->  [cast to a float dtype]  ->  [view / reshape / flatten /
     contiguous / slicing of token dims]  ->  cross_entropy(logits [tokens, vocab], target
-    [tokens], ignore_index=..., reduction="mean" | "sum", label_smoothing=...)
+    [tokens], ignore_index=..., reduction="mean" | "sum", label_smoothing=...), or
+    nll_loss(log_softmax(logits, dim=-1), target, ignore_index=..., reduction=...)
 
 with nothing else reading the logits, and ``split_token_wise`` replaces each such chain by one
 call of ``torch.ops.aot_partition.linear_cross_entropy`` (chunked_loss.py) on the hidden states
@@ -38,12 +39,15 @@ from . import chunked_loss
 log = logging.getLogger(__name__)
 
 _LINEARS = (torch._C._nn.linear, F.linear, torch.ops.aten.linear.default)
-_CROSS_ENTROPIES = (F.cross_entropy,)
+_CROSS_ENTROPIES = (F.cross_entropy, F.nll_loss)
+_LOG_SOFTMAXES = (F.log_softmax, torch.log_softmax)
 _CAST_METHODS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
                  "bfloat16": torch.bfloat16}
 _SHAPE_METHODS = ("view", "reshape", "flatten", "contiguous")
 _SHAPE_FUNCTIONS = (torch.flatten, torch.reshape)
-_CE_SIGNATURE = inspect.signature(F.cross_entropy)
+_SIGNATURES: dict[Any, inspect.Signature] = {
+    F.cross_entropy: inspect.signature(F.cross_entropy),
+    F.nll_loss: inspect.signature(F.nll_loss)}
 # Autocast regions as Dynamo records them: the op would not see autocast's dtype choices.
 _AUTOCAST_TARGETS = tuple(t for t in (
     getattr(torch.amp.autocast_mode, "_enter_autocast", None),
@@ -176,11 +180,34 @@ def _slices_token_dims(node: fx.Node) -> bool:
 
 def _bind_cross_entropy(node: fx.Node) -> dict[str, Any] | None:
     try:
-        bound = _CE_SIGNATURE.bind(*node.args, **node.kwargs)
+        bound = _SIGNATURES[node.target].bind(*node.args, **node.kwargs)
     except TypeError:
         return None
     bound.apply_defaults()
-    return dict(bound.arguments)
+    arguments = dict(bound.arguments)
+    arguments.setdefault("label_smoothing", 0.0)  # nll_loss has none
+    return arguments
+
+
+def _log_softmax_input(node: Any) -> fx.Node | None:
+    """x of ``log_softmax(x, dim=-1)`` (no dtype, the class dimension last of a 2-D x)."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.op == "call_function" and node.target in _LOG_SOFTMAXES:
+        # F.log_softmax(input, dim, _stacklevel, dtype); torch.log_softmax(input, dim, dtype)
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dtype_at = 3 if node.target is F.log_softmax else 2
+        dtype = node.args[dtype_at] if len(node.args) > dtype_at else node.kwargs.get("dtype")
+    elif node.op == "call_method" and node.target == "log_softmax":
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        dtype = node.args[2] if len(node.args) > 2 else node.kwargs.get("dtype")
+    else:
+        return None
+    x = node.args[0]
+    value = _value(x)
+    if dtype is not None or not isinstance(x, fx.Node) or value is None or value.dim() != 2:
+        return None
+    return x if dim in (-1, 1) else None
 
 
 def find_split_sites(gm: fx.GraphModule) -> tuple[list[SplitSite], list[LeftAlone]]:
@@ -216,6 +243,14 @@ def _match(loss: fx.Node, autocast: bool) -> SplitSite | str:
     if not isinstance(ignore, int) or not isinstance(smoothing, (int, float)):
         return "ignore_index or label_smoothing is not a constant"
     logits, target = args["input"], args["target"]
+    tail: list[fx.Node] = []  # nll_loss: its log_softmax, removed with the chain
+    if loss.target is F.nll_loss:
+        scores = _log_softmax_input(logits)
+        if scores is None:
+            return "nll_loss of something other than log_softmax(logits, dim=-1)"
+        if len(logits.users) != 1:
+            return f"{logits.name} is read by more than the loss"
+        tail, logits = [logits], scores
     value, target_value = _value(logits), _value(target)
     if not isinstance(logits, fx.Node) or not isinstance(target, fx.Node) or value is None \
             or target_value is None:
@@ -266,7 +301,7 @@ def _match(loss: fx.Node, autocast: bool) -> SplitSite | str:
     return SplitSite(loss.name, linear.name, _hint(value.shape[0]), _hint(w_value.shape[0]),
                      compute, reduction, ignore, float(smoothing), hidden, weight,
                      bias if isinstance(bias, fx.Node) else None, target,
-                     (linear, *reversed(chain)), out_value.dtype)
+                     (linear, *reversed(chain), *tail), out_value.dtype)
 
 
 def split_token_wise(gm: fx.GraphModule, chunks: int | Sequence[int],
