@@ -64,7 +64,8 @@ def test_the_builtin_gpt_split_in_four_equals_eager(compiler):
     (decision,) = compiled.recorder.splits
     assert decision.chunks == 4 and decision.site.tokens == 32 and decision.site.vocab == 96
     assert decision.mode == "forward_grads"
-    assert ("split into 4 chunks (forward grads), logits 12,288 -> 3,072 bytes a buffer"
+    assert ("split into 4 chunks (forward grads), logits 12,288 -> 3,072 bytes a buffer; "
+            "about 9,216 bytes off the peak (estimated)"
             in decision.describe())
     forward = compiled.recorder.partitions[0].forward
     assert any("linear_cross_entropy" in str(n.target) for n in forward.graph.nodes)

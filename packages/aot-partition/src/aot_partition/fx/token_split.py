@@ -120,7 +120,8 @@ class SplitDecision:
                 f"{self.site.vocab} vocab, {str(self.site.dtype).removeprefix('torch.')}): "
                 f"split into {self.chunks} chunks ({self.mode.replace('_', ' ')}), logits "
                 f"{self.site.logits_bytes:,} -> {self.site.chunk_bytes(self.chunks):,} bytes a "
-                f"buffer")
+                f"buffer; about {max(0, self.site.bytes_saved(self.chunks)):,} bytes off the "
+                f"peak (estimated)")
 
 
 @dataclasses.dataclass(frozen=True)
