@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.sym_node import magic_methods, method_to_operator
 
+from . import chunked_loss
 from .joint import (
     ancestors_within,
     aten_packet,
@@ -155,7 +156,10 @@ def default_op_types() -> OpTypes:
     random_ops = _existing(aten, _RANDOM_ATEN)
     return OpTypes(
         fusible_ops=frozenset(recomputable) | frozenset(random_ops),
-        compute_intensive_ops=frozenset(_existing(aten, _COMPUTE_INTENSIVE_ATEN)),
+        # The split's chunked ops run the LM head's matmuls: recomputing one repeats them all,
+        # so they are banned like a matmul and released only by the knapsack, at their price.
+        compute_intensive_ops=frozenset(_existing(aten, _COMPUTE_INTENSIVE_ATEN))
+        | frozenset(op.overloadpacket for op in chunked_loss.CHUNKED_OPS),
         random_ops=frozenset(random_ops),
         view_ops=frozenset(view_ops),
         recomputable_ops=frozenset(recomputable),
