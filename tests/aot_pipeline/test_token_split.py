@@ -193,7 +193,9 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds()
     """vocab 4096, 512 tokens: the fp32 logits (8 MiB) and their gradient make the peak, which
     no recompute lowers. A cap at 45% of the uncapped peak: reachable only split; "auto" splits
     (into the fewest chunks that fit), the step's peak as measured by the profiler is under the
-    cap, and the gradients equal eager's. A cap at 95%: reachable whole, not split."""
+    cap, and the gradients equal eager's. A cap at 95%: reachable whole only by recomputing
+    (0.8 ms more than uncapped, estimated), split with none: split, the cheaper way to fit.
+    A cap at 150%: the whole graph's uncapped cut fits: not split."""
     ids, labels = _batch(4096, 4, 128)
     model = _gpt(vocab=4096, dim=16, seq=128)
     eager = copy.deepcopy(model)
@@ -205,7 +207,7 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds()
     params = sum(p.numel() * 4 for p in model.parameters())
     inputs = params + ids.numel() * 8 * 2
 
-    for share, splits in ((0.95, False), (0.45, True)):
+    for share, splits in ((1.5, False), (0.95, True), (0.45, True)):
         torch._dynamo.reset()
         cap = inputs + int(share * base.peak_bytes)
         compiled = aot_pipeline.compile(_gpt_step(model), memory_budget=f"{cap}B peak")
@@ -215,8 +217,8 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds()
         measured = measure_peak(lambda c=compiled: c(ids, labels).backward())
         assert inputs + measured.peak_bytes <= cap, (share, measured.peak_bytes, cap)
         if splits:
-            assert measured.peak_bytes < 0.5 * base.peak_bytes
             assert all(d.chunks >= 2 for d in compiled.recorder.splits)
+            assert measured.peak_bytes < 0.7 * base.peak_bytes
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

@@ -134,6 +134,8 @@ def make_partition_fn(options: PipelineOptions,
                   **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
         from aot_partition import min_cut_rematerialization_partition
 
+        if recorder is not None:
+            recorder.record_joint(joint_module, joint_inputs, kwargs)
         with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
                        options.memory_budget_best_effort, options.memory_peak_bytes,
                        options.memory_peak_fraction):
@@ -460,13 +462,14 @@ def make_backend(options: PipelineOptions | Mapping[str, Any] | None = None,
     region = _region(name)
     if options.compiler == "inductor":
         backend = with_token_split(
-            options, recorder, lambda opts: _inductor_backend(opts, recorder, region))
+            options, recorder, lambda opts, rec: _inductor_backend(opts, rec, region))
         backend.reset = _reset  # type: ignore[attr-defined]
     else:
         graph_compiler = _graph_compiler(options.compiler)
 
-        def aot_backend(opts: PipelineOptions) -> Callable[..., CompiledGraph]:
-            partition = make_partition_fn(opts, recorder)
+        def aot_backend(opts: PipelineOptions, rec: PartitionRecorder | None
+                        ) -> Callable[..., CompiledGraph]:
+            partition = make_partition_fn(opts, rec)
 
             def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
                 # A fresh AOTAutograd back end per graph: it stores wrapped compilers on itself.

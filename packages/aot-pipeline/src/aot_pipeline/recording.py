@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,15 @@ class RecordedPartition:
     forward: fx.GraphModule
     backward: fx.GraphModule | None
     saved_bytes: int
+
+
+@dataclass
+class RecordedJoint:
+    """A joint graph as the partitioner received it (a copy), with its inputs and keywords."""
+
+    joint: fx.GraphModule
+    inputs: list[Any]
+    kwargs: dict[str, Any]
 
 
 @dataclass
@@ -32,6 +42,14 @@ class PartitionRecorder:
     # left whole with the reason (LeftAlone), one entry per site per compiled graph.
     splits: list[Any] = field(default_factory=list)
     split_left_alone: list[Any] = field(default_factory=list)
+    # The split decision's probes keep each joint (copied before partitioning) to price the
+    # cut the same graph gets without a cap.
+    keep_joints: bool = False
+    joints: list[RecordedJoint] = field(default_factory=list)
+
+    def record_joint(self, joint: fx.GraphModule, inputs: Any, kwargs: dict[str, Any]) -> None:
+        if self.keep_joints:
+            self.joints.append(RecordedJoint(copy.deepcopy(joint), list(inputs), dict(kwargs)))
 
     def record_forward(self, forward: fx.GraphModule, backward: fx.GraphModule | None = None,
                        num_fwd_outputs: int | None = None) -> None:
@@ -51,3 +69,4 @@ class PartitionRecorder:
         self.partitions.clear()
         self.splits.clear()
         self.split_left_alone.clear()
+        self.joints.clear()

@@ -5,14 +5,18 @@
 - an int N >= 2: every recognised site (aot_partition.fx.token_split) is split into N chunks;
 - False: never;
 - "auto" (the default): without a peak cap nothing changes. Under a peak cap the graph is
-  first compiled whole; only when the cap is unreachable that way
-  (``UnreachableMemoryBudgetError``: recompute and offload cannot fit) is it split, into the
-  fewest chunks (powers of two) whose estimated saving, one logits buffer's share, covers the
-  gap the error names, doubling while the cap stays unreachable; at least 128 tokens a chunk
-  (smaller matmuls run far below the device's peak). Gradients are made in the forward
-  (no matmul more than unsplit); only if no count fits that way, the most chunks with the
-  logits recomputed in the backward (one matmul more, nothing but the log-sum-exp kept). The
-  last error is raised if nothing fits.
+  first compiled whole. When the cap is unreachable that way (``UnreachableMemoryBudgetError``:
+  recompute and offload cannot fit) it is split, into the fewest chunks (powers of two) whose
+  estimated saving, one logits buffer's share, covers the gap the error names, doubling while
+  the cap stays unreachable; at least 128 tokens a chunk (smaller matmuls run far below the
+  device's peak). Gradients are made in the forward (no matmul more than unsplit); only if no
+  count fits that way, the most chunks with the logits recomputed in the backward (one matmul
+  more, nothing but the log-sum-exp kept). The last error is raised if nothing fits. When the
+  cap is reachable whole but only by recomputing, the split (the most chunks of at least 1,024
+  tokens) is compiled too and the one whose cut recomputes less beyond its uncapped cut (the
+  roofline's estimate; the loss itself is not compared, as the roofline prices an unsplit loss
+  unfused) is kept: the cheapest way to fit. Reachable whole with no more recompute than
+  uncapped: never split.
 
 Each decision is recorded (``PartitionRecorder.splits``) and logged.
 """
@@ -36,6 +40,9 @@ CompiledGraph = Callable[..., Any]
 GraphCompiler = Callable[[fx.GraphModule, Sequence[Any]], CompiledGraph]
 MIN_CHUNK_TOKENS = 128  # fewer rows a matmul and it runs far below peak FLOP/s
 MAX_CHUNKS = 64
+# Chunks of at least this many tokens keep a matmul near the device's peak FLOP/s: the count
+# tried when the split only competes with recompute (the cap is reachable whole).
+PREFERRED_CHUNK_TOKENS = 1024
 
 
 def has_peak_cap(options: PipelineOptions) -> bool:
@@ -77,10 +84,54 @@ def chunk_counts(sites: Sequence[Any], gap_bytes: int) -> list[int]:
     return counts[first:]
 
 
+def preferred_chunks(sites: Sequence[Any]) -> int:
+    """The count tried against a whole graph that fits only by recomputing: the most chunks
+    (a power of two) that keep ``PREFERRED_CHUNK_TOKENS`` tokens a chunk, at least 2."""
+    tokens = min(site.tokens for site in sites)
+    k = 2
+    while k * 2 <= MAX_CHUNKS and tokens // (k * 2) >= PREFERRED_CHUNK_TOKENS:
+        k *= 2
+    return k
+
+
+def extra_recompute(record: PartitionRecorder) -> float | None:
+    """Seconds (the roofline's estimate) the cuts ``record`` holds recompute beyond what the
+    same joints' uncapped cuts (budget 1.0, no cap) recompute: what the cap costs. None when
+    nothing was partitioned. Only recompute is compared: the roofline prices an unsplit loss
+    as separate passes, far above what Inductor's fused loss runs."""
+    from aot_config import functorch as functorch_flags
+    from aot_partition import min_cut_rematerialization_partition
+    from aot_partition.budget.caps import recompute_estimate
+
+    graphs = [(p.forward.graph, p.backward.graph) for p in record.partitions
+              if p.backward is not None]
+    if not graphs or len(record.joints) != len(record.partitions):
+        return None
+    capped = sum(recompute_estimate(fw, bw, "roofline") for fw, bw in graphs)
+    uncapped = 0.0
+    with functorch_flags.patch(activation_memory_budget=1.0,
+                               activation_memory_budget_bytes=None,
+                               activation_memory_peak_bytes=None,
+                               activation_memory_peak_fraction=None):
+        for recorded in record.joints:
+            fw, bw = min_cut_rematerialization_partition(recorded.joint, recorded.inputs,
+                                                         **recorded.kwargs)
+            uncapped += recompute_estimate(fw.graph, bw.graph, "roofline")
+    return max(capped - uncapped, 0.0)
+
+
 def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | None,
-                     compiler_for: Callable[[PipelineOptions], GraphCompiler]) -> GraphCompiler:
-    """A graph compiler that applies ``options.split`` before ``compiler_for(options)``."""
-    plain = compiler_for(options)
+                     compiler_for: Callable[[PipelineOptions, PartitionRecorder | None],
+                                            GraphCompiler]) -> GraphCompiler:
+    """A graph compiler that applies ``options.split`` before ``compiler_for(options, rec)``
+    (``rec``: the recorder its partitions go to)."""
+    plain = compiler_for(options, recorder)
+    probe_options = replace(options, memory_budget_best_effort=False)
+
+    def adopt(record: PartitionRecorder, decisions: Sequence[Any] = ()) -> None:
+        if recorder is not None:
+            recorder.partitions.extend(record.partitions)
+            recorder.splits.extend(decisions)
 
     def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
         from aot_partition.fx.token_split import find_split_sites
@@ -94,45 +145,89 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         if not sites or split is False:
             return plain(gm, example_inputs)
         if isinstance(split, int):
-            return _compile_split(gm, example_inputs, split, plain, "forward_grads")
+            compiled, decisions = _compile_split(gm, example_inputs, split, plain,
+                                                 "forward_grads")
+            adopt(PartitionRecorder(), decisions)
+            return compiled
         if not has_peak_cap(options):
             return plain(gm, example_inputs)
         whole = copy.deepcopy(gm)
-        probe = compiler_for(replace(options, memory_budget_best_effort=False))
+        whole_record = PartitionRecorder(keep_joints=True)
         try:
-            return probe(gm, example_inputs)
+            compiled = compiler_for(probe_options, whole_record)(gm, example_inputs)
         except Exception as error:
             unreachable = _unreachable(error)
             if unreachable is None:
                 raise
-            failure: BaseException = error
+            return _split_to_fit(whole, example_inputs, sites, unreachable, error)
+        return _cheaper_of(whole, example_inputs, sites, compiled, whole_record)
+
+    def _cheaper_of(whole: fx.GraphModule, example_inputs: Sequence[Any], sites: Sequence[Any],
+                    compiled: CompiledGraph, whole_record: PartitionRecorder) -> CompiledGraph:
+        """The whole graph fits the cap. If it fits only by recomputing more than it does
+        uncapped, the split is compiled too and the one the cap costs less recompute (roofline)
+        is kept: splitting may let the cut keep what the whole graph had to recompute."""
+        whole_extra = extra_recompute(whole_record)
+        if whole_extra is None or whole_extra <= 0:
+            adopt(whole_record)
+            return compiled
+        chunks = preferred_chunks(sites)
+        split_record = PartitionRecorder(keep_joints=True)
+        try:
+            split_compiled, decisions = _compile_split(
+                copy.deepcopy(whole), example_inputs, chunks,
+                compiler_for(probe_options, split_record), "forward_grads")
+        except Exception as error:
+            if _unreachable(error) is None:
+                raise
+            log.info("whole graph kept: it fits the peak cap recomputing %.3g ms more than "
+                     "uncapped (est.); split in %d it does not fit", whole_extra * 1e3, chunks)
+            adopt(whole_record)
+            return compiled
+        split_extra = extra_recompute(split_record)
+        split_extra = float("inf") if split_extra is None else split_extra
+        chosen = split_extra < whole_extra
+        log.info("under the peak cap the whole graph recomputes %.3g ms more than uncapped "
+                 "(est.), split in %d: %.3g ms: %s", whole_extra * 1e3, chunks,
+                 split_extra * 1e3, "split" if chosen else "whole kept")
+        if chosen:
+            adopt(split_record, decisions)
+            return split_compiled
+        adopt(whole_record)
+        return compiled
+
+    def _split_to_fit(whole: fx.GraphModule, example_inputs: Sequence[Any],
+                      sites: Sequence[Any], unreachable: Any, failure: BaseException
+                      ) -> CompiledGraph:
         counts = chunk_counts(sites, unreachable.least - unreachable.cap)
         log.info("peak cap unreachable whole (least %d bytes, cap %d): splitting into %s chunks",
                  unreachable.least, unreachable.cap, counts)
         attempts = [(k, "forward_grads") for k in counts] + [(counts[-1], "recompute")]
         for i, (chunks, mode) in enumerate(attempts):
             last = i == len(attempts) - 1
-            attempt = copy.deepcopy(whole)
+            record = PartitionRecorder()
             try:
-                return _compile_split(attempt, example_inputs, chunks,
-                                      plain if last else probe, mode)
+                compiled, decisions = _compile_split(
+                    copy.deepcopy(whole), example_inputs, chunks,
+                    compiler_for(options if last else probe_options, record), mode)
             except Exception as error:
                 if _unreachable(error) is None:
                     raise
                 failure = error
-                if recorder is not None:
-                    del recorder.splits[-len(sites):]
+                continue
+            adopt(record, decisions)
+            return compiled
         raise failure
 
-    def _compile_split(gm: fx.GraphModule, example_inputs: Sequence[Any], chunks: int,
-                       compile_graph: GraphCompiler, mode: str) -> CompiledGraph:
-        from aot_partition.fx.token_split import split_token_wise
-
-        decisions = split_token_wise(gm, chunks, mode=mode)
-        for decision in decisions:
-            log.info("split: %s", decision.describe())
-        if recorder is not None:
-            recorder.splits.extend(decisions)
-        return compile_graph(gm, example_inputs)
-
     return compile_graph
+
+
+def _compile_split(gm: fx.GraphModule, example_inputs: Sequence[Any], chunks: int,
+                   compile_graph: GraphCompiler, mode: str) -> tuple[CompiledGraph, list[Any]]:
+    """``gm`` split in place into ``chunks`` and compiled; the decisions made."""
+    from aot_partition.fx.token_split import split_token_wise
+
+    decisions = split_token_wise(gm, chunks, mode=mode)
+    for decision in decisions:
+        log.info("split: %s", decision.describe())
+    return compile_graph(gm, example_inputs), decisions
