@@ -13,7 +13,9 @@ nothing computed), partitioned, and scored by
 Rows: ``inductor@1.0`` (torch's partitioner), ``torch@0.5``, ``torch@0.0``, ``ours@0.5``,
 ``ours split=N`` at budget 1.0 (gradients made in the forward), and the most chunks at 0.5. Models: GPT-2 size (vocab
 50,304, d 768, 12 layers, 8 x 1024 tokens), Llama-style (d 1024, 4 layers, SwiGLU 2816,
-unfused attention, 2 x 2048 tokens) with vocab 32,000 and 128,256.
+unfused attention, 2 x 2048 tokens) with vocab 32,000 and 128,256, and with vocab 32,000 and
+attention through scaled_dot_product_attention (``llama-32k-sdpa``; ``llama-128k-sdpa`` on
+request).
 
     uv run python benchmarks/split_sim_bench.py --results      # writes RESULTS-split-sim.md
     uv run python benchmarks/split_sim_bench.py --smoke        # a small GPT, 3 rows
@@ -46,7 +48,14 @@ MODELS: dict[str, tuple[str, dict[str, Any], int]] = {
                             "hidden": 2816}, 2),
     "llama-128k": ("Llama", {"vocab": 128256, "dim": 1024, "heads": 16, "layers": 4,
                              "seq": 2048, "hidden": 2816}, 2),
+    # The same with attention through scaled_dot_product_attention, as Llamas are trained:
+    # without the score matrices the layers' peak drops and the head's shows.
+    "llama-32k-sdpa": ("Llama", {"vocab": 32000, "dim": 1024, "heads": 16, "layers": 4,
+                                 "seq": 2048, "hidden": 2816, "sdpa": True}, 2),
+    "llama-128k-sdpa": ("Llama", {"vocab": 128256, "dim": 1024, "heads": 16, "layers": 4,
+                                  "seq": 2048, "hidden": 2816, "sdpa": True}, 2),
 }
+DEFAULT_MODELS = ("gpt2-size", "llama-32k", "llama-128k", "llama-32k-sdpa")
 SMOKE = {"gpt-small": ("GPT", {"vocab": 4096, "dim": 64, "heads": 4, "layers": 2, "seq": 128,
                                "sdpa": True}, 2)}
 CHUNKS = (4, 8, 16)
@@ -90,6 +99,9 @@ def trace(kind: str, spec: dict[str, Any], batch: int, chunks: int | None,
     def boxed(gm: fx.GraphModule, _inputs: Any) -> Any:
         return make_boxed_func(gm)
 
+    if kind == "Llama" and spec.get("sdpa"):  # a Llama's attention is switched after building
+        spec = {k: v for k, v in spec.items() if k != "sdpa"}
+        sdpa = True
     default_dtype = torch.get_default_dtype()
     with FakeTensorMode(allow_non_fake_inputs=True):
         torch.set_default_dtype(torch.bfloat16)
@@ -220,7 +232,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out", default=os.path.join(HERE, "out"))
     parser.add_argument("--results", action="store_true")
