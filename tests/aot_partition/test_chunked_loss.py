@@ -203,8 +203,9 @@ def test_the_scratch_known_from_the_shapes_matches_the_profiler(dtype, name):
 
 
 def test_the_roofline_prices_the_passes_over_each_chunk():
-    """A split op moves its chunks' logits several times: the roofline's bytes include them
-    (its inputs and outputs alone would miss most of its memory time)."""
+    """A split op moves its chunks' logits several times and the weight once or more a chunk:
+    the roofline's bytes include both (its inputs and outputs alone would miss most of its
+    memory time, and would price every chunk count alike)."""
     from aot_partition.fx.roofline import bytes_moved
 
     op = torch.ops.aot_partition.linear_cross_entropy_with_grads.default
@@ -217,7 +218,13 @@ def test_the_roofline_prices_the_passes_over_each_chunk():
                                     "float32", 4))
     call.meta["val"] = op(h, w, None, t, -100, "mean", 0.0, "float32", 4)
     outside = sum(x.numel() * x.element_size() for x in (h, w, t, *call.meta["val"]))
-    assert bytes_moved(call) == outside + 12 * 512 * 4096 * 4
+    # fp32 weight, 4 chunks: each reads it twice, writes its product, reads the product and
+    # the sum and writes the sum
+    per_chunk = 4096 * 64 * (2 * 4 + 4 + 3 * 4)
+    assert bytes_moved(call) == outside + 12 * 512 * 4096 * 4 + 4 * per_chunk
+    # more chunks cost more: the weight-sized traffic is repeated by every chunk
+    call.args = (*call.args[:8], 16)
+    assert bytes_moved(call) == outside + 12 * 512 * 4096 * 4 + 16 * per_chunk
 
 
 def _partitioned_step(budget, vocab=256):

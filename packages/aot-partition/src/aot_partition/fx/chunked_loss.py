@@ -327,13 +327,30 @@ _PASSES_PER_ELEMENT = {"forward": 7, "backward": 9, "with_grads": 12}
 
 
 def internal_bytes(target: Any, args: tuple[Any, ...]) -> int:
-    """Memory traffic inside one call, beyond reading its inputs and writing its outputs."""
+    """Memory traffic inside one call, beyond reading its inputs and writing its outputs: the
+    passes over each chunk's logits, and the weight-sized traffic each chunk repeats (what
+    makes more chunks cost more: the weight read by every chunk's matmuls and, with
+    gradients, every chunk's weight-gradient product added into the fp32 accumulator)."""
     if target is torch.ops.aot_partition.linear_cross_entropy_backward.default:
-        hidden, weight, compute, kind = args[1], args[2], args[5].dtype, "backward"
+        hidden, weight, compute, kind, chunks = args[1], args[2], args[5].dtype, "backward", args[9]
     else:
-        hidden, weight = args[0], args[1]
+        hidden, weight, chunks = args[0], args[1], args[8]
         compute = _DTYPES[args[7]]
         kind = ("forward" if target is torch.ops.aot_partition.linear_cross_entropy.default
                 else "with_grads")
     elements = int(hidden.shape[0]) * int(weight.shape[0])
-    return elements * _PASSES_PER_ELEMENT[kind] * max(compute.itemsize, hidden.dtype.itemsize)
+    logits = elements * _PASSES_PER_ELEMENT[kind] * max(compute.itemsize, hidden.dtype.itemsize)
+    return logits + max(1, int(chunks)) * _weight_bytes_per_chunk(weight, compute, kind)
+
+
+def _weight_bytes_per_chunk(weight: Any, compute: torch.dtype, kind: str) -> int:
+    """Weight-sized bytes one chunk moves: the logits matmul reads the weight; with gradients
+    the grad-hidden matmul reads it again (the backward's recompute a third time), the
+    weight-gradient product is written (and read back and written in fp32 when the weight is
+    narrower), and adding it reads the fp32 accumulator and the product and writes the sum."""
+    size, itemsize = int(weight.numel()), weight.dtype.itemsize
+    if kind == "forward":
+        return size * itemsize
+    reads = 3 if kind == "backward" else 2
+    cast = itemsize + 4 if itemsize < 4 else 0
+    return size * (reads * itemsize + itemsize + cast + 3 * 4)
