@@ -444,6 +444,11 @@ def _partition(joint_module: fx.GraphModule, num_fwd_outputs: int,
             joint_module, num_fwd_outputs, static_lifetime_input_indices, memory_budget, config)
         report = (make_report() if want_report or tracing() or log.isEnabledFor(logging.DEBUG)
                   else None)
+        # make_report holds the partition's working data (classification, description,
+        # networks, cuts): freed now, while the collector is off, since the first collection
+        # after it is back on walks every object the call allocated that is still alive;
+        # then it walks little more than the two graphs returned.
+        del make_report
     if report is not None:
         log_report(report)
         trace_partition("min_cut_rematerialization_partition", lambda: report)

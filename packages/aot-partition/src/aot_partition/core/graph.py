@@ -54,7 +54,7 @@ from .rules import (
     RuleError,
     apply_rules,
     distances_from_backward,
-    is_materialized,
+    materialized,
     rule_names,
 )
 
@@ -103,6 +103,9 @@ SOURCE, SINK = 0, 1
 # Edge kinds, for reading a reason back (reasons are formatted only for error messages).
 SAVE, USES, TO_SINK_COMPUTE, TO_SINK_AVAILABLE, TO_SINK_RECOMPUTE, BAN = range(6)
 _DISTANCE_CAP = 100     # hops beyond which the save-cost bias stops growing
+# 1.1 ** hops for hops 0.._DISTANCE_CAP, each Python's own power (a vectorized power may round
+# differently in the last bit, and a save cost must not depend on how it was computed).
+_DISTANCE_GROWTH = np.array([1.1 ** hops for hops in range(_DISTANCE_CAP + 1)])
 
 # Decision kinds.
 SAVED, RECOMPUTED, BACKWARD, FORWARD = "saved", "recomputed", "backward", "forward"
@@ -202,8 +205,14 @@ class CoreNode:
         by construction (the fx adapter builds one per joint-graph node, thousands per
         partition). ``fields`` must name every field ``_UNCHECKED_DEFAULTS`` does not;
         ``inputs`` must be a tuple. A ``CoreGraph`` still checks ids, inputs and cycles."""
+        return cls.unchecked_from({**_UNCHECKED_DEFAULTS, **fields})
+
+    @classmethod
+    def unchecked_from(cls, fields: dict[str, Any]) -> CoreNode:
+        """``unchecked`` from a dict naming every field, which becomes the node's own (the
+        caller hands it over): no keyword packing, no copy."""
         node = object.__new__(cls)
-        node.__dict__.update(_UNCHECKED_DEFAULTS, **fields)  # frozen: no __setattr__
+        object.__setattr__(node, "__dict__", fields)  # frozen: no __setattr__
         return node
 
 
@@ -285,6 +294,20 @@ class CoreGraph:
         _validate(self.nodes, self.index)
 
     @classmethod
+    def with_input_positions(cls, nodes: tuple[CoreNode, ...],
+                             input_positions: list[list[int]]) -> CoreGraph:
+        """The graph of ``nodes`` from a front end that knows where each node's inputs are:
+        ``input_positions[i]`` lists the positions of ``nodes[i].inputs``, in that order (each
+        once). Checked as the constructor checks, without looking the input ids up (the fx
+        adapter builds one graph of thousands of nodes per partition)."""
+        graph = object.__new__(cls)
+        object.__setattr__(graph, "nodes", nodes)
+        object.__setattr__(graph, "_cache", {})
+        graph.__dict__["input_indices"] = input_positions  # the cached property's value
+        _validate(nodes, graph.index, input_positions)
+        return graph
+
+    @classmethod
     def from_dicts(cls, records: Iterable[Mapping[str, Any]]) -> CoreGraph:
         """A graph from plain dicts (one per node, JSON-like: ``inputs`` a list), checked like
         the constructor; a key that is not a CoreNode field is an error naming it and the node."""
@@ -334,22 +357,30 @@ class CoreGraph:
         return np.array([n.nbytes for n in self.nodes], dtype=np.float64)
 
 
-def _validate(nodes: tuple[CoreNode, ...], index: Mapping[str, int]) -> None:
+def _validate(nodes: tuple[CoreNode, ...], index: Mapping[str, int],
+              input_positions: list[list[int]] | None = None) -> None:
     """Unknown inputs, what the flags mean, and cycles; nodes out of topological order are
-    fine (fast path first)."""
+    fine (fast path first). ``input_positions``: where each node's inputs are, when the
+    caller knows (``CoreGraph.with_input_positions``); else they are looked up by id."""
     in_order = True
     for i, node in enumerate(nodes):
-        for name in node.inputs:
-            j = index.get(name)
-            if j is None:
-                raise CoreGraphError(f"node '{node.id}' reads unknown input '{name}'")
+        if input_positions is not None:
+            reads = input_positions[i]
+        else:
+            reads = []
+            for name in node.inputs:
+                j = index.get(name)
+                if j is None:
+                    raise CoreGraphError(f"node '{node.id}' reads unknown input '{name}'")
+                reads.append(j)
+        for j in reads:
             in_order = in_order and j < i
             if nodes[j].in_backward and not node.in_backward:
                 where = "forward" if node.forward else "not marked in_backward"
                 raise CoreGraphError(
-                    f"node '{node.id}' reads '{name}', a backward value, but is {where}; a "
-                    "node that reads a backward value is computed in the backward: set "
-                    "in_backward=True (and forward=False)")
+                    f"node '{node.id}' reads '{nodes[j].id}', a backward value, but is "
+                    f"{where}; a node that reads a backward value is computed in the backward: "
+                    "set in_backward=True (and forward=False)")
         if node.in_backward and node.forward:
             raise CoreGraphError(f"node '{node.id}' is both forward and in_backward; a node "
                                  "computed in the backward cannot be needed by the forward")
@@ -545,8 +576,8 @@ def default_save_costs(graph: CoreGraph, *, recompute_views: bool,
     cached = graph._cache.get(("costs", recompute_views, parameters_are_free))
     if cached is not None:
         return cached
-    dist: np.ndarray | None = None
     costs = np.zeros(len(graph.nodes), dtype=np.float64)
+    by_bytes: list[int] = []  # priced by bytes, hops to the backward and materialization
     for i, node in enumerate(graph.nodes):
         if node.save_cost is not None:
             costs[i] = node.save_cost
@@ -558,10 +589,15 @@ def default_save_costs(graph: CoreGraph, *, recompute_views: bool,
         elif node.category == "symbolic":
             costs[i] = node.nbytes
         else:
-            dist = distances_from_backward(graph) if dist is None else dist
-            hops = max(min(int(dist[i]), _DISTANCE_CAP), 1)
-            cost = int(node.nbytes * (1.1 ** hops))
-            costs[i] = cost if is_materialized(graph, i) else cost * 2
+            by_bytes.append(i)
+    if by_bytes:
+        # int(nbytes * 1.1 ** hops), doubled when not materialized, for all of them at once:
+        # the float products and truncations are the ones Python makes one by one.
+        positions = np.array(by_bytes, dtype=np.int64)
+        hops = np.clip(distances_from_backward(graph)[positions], 1, _DISTANCE_CAP)
+        nbytes = np.array([graph.nodes[i].nbytes for i in by_bytes], dtype=np.float64)
+        cost = np.trunc(nbytes * _DISTANCE_GROWTH[hops])
+        costs[positions] = np.where(materialized(graph)[positions], cost, cost * 2)
     graph._cache[("costs", recompute_views, parameters_are_free)] = costs
     return costs
 

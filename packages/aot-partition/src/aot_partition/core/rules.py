@@ -18,6 +18,7 @@ graph is read through ``RuleGraph``.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -84,16 +85,30 @@ def fuses(graph: RuleGraph, producer: int, consumer: int) -> bool:
     return concat[consumer] or (fusible[producer] and fusible[consumer])
 
 
-def is_materialized(graph: RuleGraph, i: int) -> bool:
-    """Whether node ``i``'s value exists in memory anyway: an input, a graph output, or a use
-    that cannot fuse."""
-    node = graph.nodes[i]
-    if node.category in INPUT_CATEGORIES or node.output:
-        return True
-    fusible, concat = fusion(graph)
-    if fusible[i]:
-        return not all(concat[u] or fusible[u] for u in graph.users[i])
-    return not all(concat[u] for u in graph.users[i])
+def use_edges(graph: RuleGraph) -> tuple[np.ndarray, np.ndarray]:
+    """(producers, consumers): one entry per use, the position read and the position reading
+    it (each pair once, consumers in node order), as int64 arrays."""
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        inputs = graph.input_indices
+        counts = np.fromiter(map(len, inputs), dtype=np.int64, count=len(inputs))
+        producers = np.fromiter(itertools.chain.from_iterable(inputs), dtype=np.int64,
+                                count=int(counts.sum()))
+        return producers, np.repeat(np.arange(len(inputs), dtype=np.int64), counts)
+    return _cached(graph, "use edges", make)
+
+
+def materialized(graph: RuleGraph) -> np.ndarray:
+    """Per node (bool), whether its value exists in memory anyway: an input, a graph output,
+    or a use that cannot fuse it (``fuses``)."""
+    def make() -> np.ndarray:
+        fusible, concat = (np.array(facts, dtype=bool) for facts in fusion(graph))
+        producers, consumers = use_edges(graph)
+        unfused = ~(concat[consumers] | (fusible[producers] & fusible[consumers]))
+        found = np.array([n.category in INPUT_CATEGORIES or n.output for n in graph.nodes],
+                         dtype=bool)
+        found[producers[unfused]] = True
+        return found
+    return _cached(graph, "materialized", make)
 
 
 def distances_from_backward(graph: RuleGraph) -> np.ndarray:
@@ -237,7 +252,9 @@ def ban_used_far_apart(graph: RuleGraph, banned: dict[int, str], eligible: np.nd
     fusible, concat = fusion(graph)
     for used in forward:
         fw_users = [u for u in users[used] if nodes[u].forward]
-        if not fw_users:
+        if len(fw_users) < 2:
+            # A lone user is its value's first use: the search from it only reaches later
+            # ranks, past max_rank, so nothing comes after an unfusible use.
             continue
         first_unfusible = _first_unfusible_use(graph, fw_users, max(rank[u] for u in fw_users))
         for user in fw_users:

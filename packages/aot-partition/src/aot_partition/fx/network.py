@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 from torch.fx.experimental._backward_state import BackwardState
-from torch.fx.experimental.proxy_tensor import is_sym_node, py_sym_types
+from torch.fx.experimental.proxy_tensor import py_sym_types
 
 from ..config import MinCutOptions, PartitionConfig
 from ..core.graph import CoreGraph, CoreNode, CorePartition, ban_reasons, partition
@@ -38,7 +38,7 @@ from .joint import aten_packet, is_bwd_seed_offset, is_fwd_seed_offset, is_rando
 from .passes.recompute_tags import RECOMPUTE_POLICIES, must_save
 from .passes.rng import replay_obstacle
 from .prepare import prepared_joint
-from .sizes import is_opaque_value, node_nbytes, sym_node_size, tensor_nbytes
+from .sizes import is_opaque_value, node_nbytes, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +72,6 @@ class _OpFacts:
 # A placeholder's or get_attr's facts: its target is a name, no op (every placeholder has
 # its own, so the memo would miss on each).
 _NOT_A_CALL = _OpFacts("other", False, False, "")
-
-
-def _op_facts(node: fx.Node, ctx: PolicyContext, memo: dict[Any, _OpFacts]) -> _OpFacts:
-    if node.op != "call_function":
-        return _NOT_A_CALL
-    try:
-        return memo[node.target]
-    except KeyError:
-        facts = memo[node.target] = _facts_of(node, ctx)
-    except TypeError:  # an unhashable target
-        facts = _facts_of(node, ctx)
-    return facts
 
 
 def _facts_of(node: fx.Node, ctx: PolicyContext) -> _OpFacts:
@@ -120,105 +108,128 @@ def _saveable(val: Any) -> bool:
     return isinstance(val, _SAVEABLE_TYPES) or is_opaque_value(val)
 
 
-def _category(node: fx.Node, ctx: PolicyContext, facts: _OpFacts) -> str:
-    if node.op == "placeholder":
-        if is_tangent(node) or is_bwd_seed_offset(node):
-            return "tangent"
-        if is_fwd_seed_offset(node):
-            return "seed"
-        return "parameter" if node in ctx.node_info.static_lifetime_inputs else "input"
-    if is_sym_node(node):
-        return "symbolic"
-    return facts.category
+def _placeholder_category(node: fx.Node, ctx: PolicyContext) -> str:
+    if is_tangent(node) or is_bwd_seed_offset(node):
+        return "tangent"
+    if is_fwd_seed_offset(node):
+        return "seed"
+    return "parameter" if node in ctx.node_info.static_lifetime_inputs else "input"
 
 
-def _nbytes(node: fx.Node, val: Any) -> int:
-    """Bytes charged for saving ``node`` (0 for opaque objects and backward state: never
-    priced as memory)."""
-    if isinstance(val, torch.Tensor):
-        return tensor_nbytes(val)
-    if is_sym_node(node):
-        return sym_node_size(node)
+def _other_nbytes(node: fx.Node, val: Any) -> int:
+    """Bytes charged for saving a node whose value is neither a tensor nor a symbolic scalar
+    (0 for opaque objects and backward state: never priced as memory)."""
     try:
         return node_nbytes(node)
     except (PartitionError, TypeError):
         return 0
 
 
-def _describe_node(node: fx.Node, ctx: PolicyContext, memo: dict[Any, _OpFacts],
-                   outputs: set[fx.Node], never_banned: list[str],
-                   exempt_nodes: set[fx.Node]) -> CoreNode:
-    """``node`` in core terms; the checks of ``must_recompute`` and ``can_be_banned`` are
-    inlined on the meta and value in hand (this runs once per joint node)."""
-    info = ctx.node_info
-    meta = node.meta
-    val = meta.get("val")
-    in_backward = node in info.tangents_closure
-    forward = node in info.required_fw
-    annotated_recompute = meta.get("recompute") in RECOMPUTE_POLICIES  # must_recompute
-    recompute = not in_backward and annotated_recompute
-    if not (in_backward or recompute) and "val" not in meta and node.op == "call_function":
-        node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
-    facts = _op_facts(node, ctx, memo)
-    category = _category(node, ctx, facts)
-    symfloat = isinstance(val, torch.SymFloat)
-    exempt = annotated_recompute or category == "view" or symfloat  # not can_be_banned
-    if symfloat:
-        never_banned.append(node.name)
-    if exempt:
-        exempt_nodes.add(node)
-    trivial = (node.op != "call_function" or node.target is operator.getitem
-               or node.target in _CONSTANTS)
-    ban = None
-    if not (in_backward or recompute or exempt):
-        if is_opaque_value(val) and category not in ("input", "parameter", "seed"):
-            ban = OPAQUE_BAN
-        elif forward and not (node.op != "call_function" or node.target is operator.getitem):
-            if must_save(node):
-                ban = "MUST_SAVE annotation"
-            elif category == "random":
-                ban = replay_obstacle(node)
-    # Valid by construction (names unique, categories known, sizes >= 0): skip the checks.
-    return CoreNode.unchecked(
-        id=node.name,
-        # node._input_nodes: all_input_nodes without its list copy (see joint.py)
-        inputs=tuple([a.name for a in node._input_nodes]),
-        nbytes=_nbytes(node, val),
-        category=category,
-        forward=forward,
-        backward=node in info.required_bw,
-        in_backward=in_backward,
-        # fx replays a recomputed random op's RNG state (passes/rng.py): its ban is the
-        # rules' call; exempt nodes (can_be_banned) get no category ban either.
-        allow_recompute=category == "random" or exempt,
-        must_recompute=recompute,
-        save_cost=None,
-        saveable=_saveable(val),
-        ban=ban,
-        op=facts.op if node.op == "call_function" else "",
-        fusible=facts.fusible,
-        recomputable=facts.recomputable,
-        output=node in outputs,
-        trivial=trivial,
-    )
-
-
 def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
-    """The core description of ``joint_graph`` (every node but the output)."""
+    """The core description of ``joint_graph`` (every node but the output).
+
+    Per node: its inputs, bytes, category, op facts, where it is needed and the bans only fx
+    can see, with the checks of ``must_recompute`` and ``can_be_banned`` inlined on the meta
+    and value in hand. This runs once per joint node (thousands per partition), so it is one
+    loop with its lookups hoisted, and the core graph gets the input positions it would
+    otherwise look up by id.
+    """
     nodes = [n for n in joint_graph.nodes if n.op != "output"]
     outputs = {a for n in joint_graph.find_nodes(op="output") for a in n._input_nodes}
-    memo: dict[Any, _OpFacts] = {}
+    info = ctx.node_info
+    tangents_closure, required_fw, required_bw = (info.tangents_closure, info.required_fw,
+                                                  info.required_bw)
+    # id(target) -> facts: the targets live as long as the graph, and an OpOverload hashes
+    # in Python.
+    facts_by_target: dict[int, _OpFacts] = {}
     never_banned: list[str] = []
     exempt: set[fx.Node] = set()
-    core_nodes = tuple(_describe_node(n, ctx, memo, outputs, never_banned, exempt)
-                       for n in nodes)
-    graph = CoreGraph(core_nodes)
+    positions: dict[fx.Node, int] = {}
+    core_nodes: list[CoreNode] = []
+    input_positions: list[list[int]] | None = []
+    new_node = CoreNode.unchecked_from
+    getitem, tensor, symfloat_type = operator.getitem, torch.Tensor, torch.SymFloat
+    for position, node in enumerate(nodes):
+        positions[node] = position
+        meta = node.meta
+        val = meta.get("val")
+        op = node.op
+        is_call = op == "call_function"
+        in_backward = node in tangents_closure
+        forward = node in required_fw
+        annotated_recompute = meta.get("recompute") in RECOMPUTE_POLICIES  # must_recompute
+        recompute = not in_backward and annotated_recompute
+        if not (in_backward or recompute) and is_call and "val" not in meta:
+            node_nbytes(node)  # raises MissingMetadataError unless the op returns nothing
+        if is_call:
+            facts = facts_by_target.get(id(node.target))
+            if facts is None:
+                facts = facts_by_target[id(node.target)] = _facts_of(node, ctx)
+        else:
+            facts = _NOT_A_CALL
+        symbolic = isinstance(val, py_sym_types)  # is_sym_node, on the value in hand
+        if op == "placeholder":
+            category = _placeholder_category(node, ctx)
+        else:
+            category = "symbolic" if symbolic else facts.category
+        symfloat = isinstance(val, symfloat_type)
+        exempt_node = annotated_recompute or category == "view" or symfloat  # not can_be_banned
+        if symfloat:
+            never_banned.append(node.name)
+        if exempt_node:
+            exempt.add(node)
+        plain_call = is_call and node.target is not getitem
+        ban = None
+        if not (in_backward or recompute or exempt_node):
+            if is_opaque_value(val) and category not in ("input", "parameter", "seed"):
+                ban = OPAQUE_BAN
+            elif forward and plain_call:
+                if must_save(node):
+                    ban = "MUST_SAVE annotation"
+                elif category == "random":
+                    ban = replay_obstacle(node)
+        read = node._input_nodes  # all_input_nodes without its list copy (see joint.py)
+        if input_positions is not None:
+            try:
+                input_positions.append([positions[a] for a in read])
+            except KeyError:  # an input after its reader: the core finds it by id (and checks)
+                input_positions = None
+        if isinstance(val, tensor):
+            nbytes = tensor_nbytes(val)
+        elif symbolic:
+            nbytes = 4 if symfloat else 1  # sym_node_size
+        else:
+            nbytes = _other_nbytes(node, val)
+        # Valid by construction (names unique, categories known, sizes >= 0): no checks.
+        core_nodes.append(new_node({
+            "id": node.name,
+            "inputs": tuple([a.name for a in read]),
+            "nbytes": nbytes,
+            "category": category,
+            "forward": forward,
+            "backward": node in required_bw,
+            "in_backward": in_backward,
+            # fx replays a recomputed random op's RNG state (passes/rng.py): its ban is the
+            # rules' call; exempt nodes (can_be_banned) get no category ban either.
+            "allow_recompute": category == "random" or exempt_node,
+            "must_recompute": recompute,
+            "save_cost": None,
+            "saveable": _saveable(val),
+            "ban": ban,
+            "op": facts.op,
+            "fusible": facts.fusible,
+            "recomputable": facts.recomputable,
+            "output": node in outputs,
+            "trivial": not plain_call or node.target in _CONSTANTS,
+            "runtime": 0.0,
+        }))
+    graph = (CoreGraph(tuple(core_nodes)) if input_positions is None
+             else CoreGraph.with_input_positions(tuple(core_nodes), input_positions))
     # The classification counted the hops to the backward already (the core's definition).
-    dist = ctx.node_info.dist_from_bw
+    dist = info.dist_from_bw
     use_distances(graph, np.fromiter((dist.get(n, 0) for n in nodes), dtype=np.int64,
                                      count=len(nodes)))
-    return FxDescription(graph, nodes, tuple(never_banned), frozenset(exempt),
-                         {n: i for i, n in enumerate(nodes)})
+    return FxDescription(graph, nodes, tuple(never_banned), frozenset(exempt), positions)
 
 
 class NetworkMemo:

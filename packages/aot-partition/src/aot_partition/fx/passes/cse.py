@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,13 +84,19 @@ def _cached(cache: dict[Any, bool], verdict_of: Callable[[Any], bool], target: A
         return verdict_of(target)
 
 
-def _unmergeable(node: fx.Node) -> bool:
+def _unmergeable(node: fx.Node, verdicts: dict[int, tuple[bool, bool]]) -> bool:
     """Never merge a mutating op, aten.empty, or a call that draws from the RNG (decided
-    from this call's arguments: attention at dropout_p=0 draws nothing and merges)."""
+    from this call's arguments: attention at dropout_p=0 draws nothing and merges).
+    ``verdicts``: id(target) -> (never merged, seeded), for one pass over one graph (its
+    targets stay alive; an OpOverload hashes in Python, an id does not)."""
     target = node.target
-    if _cached(_NEVER_MERGED_TARGETS, _never_merged_target, target):
-        return True
-    return _cached(_SEEDED_TARGETS, is_seeded_target, target) and is_random(node)
+    verdict = verdicts.get(id(target))
+    if verdict is None:
+        verdict = verdicts[id(target)] = (
+            _cached(_NEVER_MERGED_TARGETS, _never_merged_target, target),
+            _cached(_SEEDED_TARGETS, is_seeded_target, target))
+    never_merged, seeded = verdict
+    return never_merged or (seeded and is_random(node))
 
 
 def _region(node: fx.Node) -> tuple[Any, Any] | None:
@@ -121,9 +128,14 @@ class _AliasesOutput:
     is at stake: reading storages of fake tensors is slow, and few nodes ever match."""
 
     def __init__(self, graph: fx.Graph) -> None:
-        output = next(iter(graph.find_nodes(op="output")))
-        self.storages = {s for n in output.all_input_nodes for s in _storages(n)}
+        self.graph = graph
         self.verdicts: dict[fx.Node, bool] = {}
+
+    @functools.cached_property
+    def storages(self) -> set[Any]:
+        """The outputs' storages, read when the first merge is at stake."""
+        output = next(iter(self.graph.find_nodes(op="output")))
+        return {s for n in output.all_input_nodes for s in _storages(n)}
 
     def __call__(self, node: fx.Node) -> bool:
         verdict = self.verdicts.get(node)
@@ -157,6 +169,7 @@ class MergedSubexpressions:
     """What merge_common_subexpressions changed, so that ``undo`` can put it back exactly."""
 
     duplicates: list[fx.Node] = field(default_factory=list)
+    detached: set[fx.Node] = field(default_factory=set)  # the duplicates, for lookups
     original_inputs: dict[fx.Node, tuple[Any, Any]] = field(default_factory=dict)
     # Rewiring moves users within their inputs' ``users`` dicts; undo restores the order too.
     original_users: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)
@@ -173,6 +186,7 @@ class MergedSubexpressions:
     def detach(self, duplicate: fx.Node, survivor: fx.Node) -> None:
         """Cut ``duplicate`` off its inputs, marked so that extraction never copies it."""
         self.duplicates.append(duplicate)
+        self.detached.add(duplicate)
         self.rewire(duplicate, (), {})
         duplicate.meta[MERGED_DUPLICATE_OF] = survivor
 
@@ -189,6 +203,26 @@ class MergedSubexpressions:
         self.original_inputs.clear()
         self.original_users.clear()
         self.duplicates.clear()
+        self.detached.clear()
+
+
+class _TargetTokens:
+    """Stand-ins for targets in merge keys: equal targets (as a dict sees them) get the same
+    int, so keys compare as they would holding the targets, but hash without calling an
+    OpOverload's Python ``__hash__`` once per node: targets are looked up by id, each
+    target object hashed once. For one pass over one graph."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, tuple[int, Any]] = {}  # id -> (token, target: keeps the id)
+        self.by_target: dict[Any, int] = {}
+
+    def __call__(self, target: Any) -> int:
+        found = self.by_id.get(id(target))
+        if found is None:
+            # TypeError for an unhashable target, as a key holding it would raise.
+            token = self.by_target.setdefault(target, len(self.by_target))
+            found = self.by_id[id(target)] = (token, target)
+        return found[0]
 
 
 def merge_common_subexpressions(
@@ -206,16 +240,18 @@ def merge_common_subexpressions(
     merged = MergedSubexpressions()
     env: dict[fx.Node, fx.Node] = {}
     seen: dict[Any, fx.Node] = {}
+    verdicts: dict[int, tuple[bool, bool]] = {}
+    target_token = _TargetTokens()
     epoch = 0
     for node in graph.nodes:
         env[node] = node
-        if node.op != "call_function" or _unmergeable(node):
+        if node.op != "call_function" or _unmergeable(node, verdicts):
             epoch += node.op == "call_function" and _is_mutating(node)
         else:
             key: tuple[Any, ...] | None
             try:
                 kwargs = node.kwargs
-                key = (node.target, _freeze_args(node.args, env),
+                key = (target_token(node.target), _freeze_args(node.args, env),
                        _freeze(kwargs, env) if kwargs else _NO_KWARGS,
                        node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
                        _region(node), keep_apart(node) if keep_apart is not None else None)
@@ -232,7 +268,8 @@ def merge_common_subexpressions(
                 seen[key] = node
             elif first is None and key is not None:
                 seen[key] = node
-        if any(env[a] is not a for a in node._input_nodes):
+        # Only the detached duplicates map to another node in env.
+        if merged.duplicates and not merged.detached.isdisjoint(node._input_nodes):
             merged.rewire(node, fx.map_arg(node.args, env.__getitem__),
                           fx.map_arg(node.kwargs, env.__getitem__))
     return merged

@@ -103,6 +103,9 @@ def _mutated_inputs(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
     """
     functional_writes = _inputs_returned_as_mutations(graph)
     in_graph: set[fx.Node] = set()
+    # id(target) -> _is_functionalized: the targets live as long as the graph, and an
+    # OpOverload hashes in Python (once per op here, not once per node).
+    functional_by_target: dict[int, bool] = {}
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -111,10 +114,13 @@ def _mutated_inputs(graph: fx.Graph) -> tuple[set[fx.Node], set[fx.Node]]:
             if node.args[0].op == "placeholder":
                 in_graph.add(node.args[0])
             continue
-        try:
-            is_functional = _is_functionalized(target)
-        except TypeError:  # an unhashable target
-            is_functional = _is_functionalized.__wrapped__(target)
+        is_functional = functional_by_target.get(id(target))
+        if is_functional is None:
+            try:
+                is_functional = _is_functionalized(target)
+            except TypeError:  # an unhashable target
+                is_functional = _is_functionalized.__wrapped__(target)
+            functional_by_target[id(target)] = is_functional
         if is_functional:
             functional_writes.update(_written_placeholder_args(node, target._schema))
     return functional_writes - in_graph, in_graph

@@ -51,7 +51,11 @@ def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
         if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
             place_with_dependencies(node)
     for node in nodes[start:]:
-        place_with_dependencies(node)
+        if node not in placed and placed.issuperset(node._input_nodes):
+            placed.add(node)  # the usual case: its inputs are in place, it needs nothing else
+            new_order.append(node)
+        else:
+            place_with_dependencies(node)
     return _getitems_after_their_tuple(new_order)
 
 
