@@ -139,8 +139,9 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # collectives, the rank agreement (they may import each other; the cycle test keeps them
     # acyclic)
     ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives", "fx.spmd",
-     "fx.symbolic_peak", "fx.shape_guards", "fx.chunked_loss"),
-    # the split: the LM head and its loss rewritten into the chunked op (a torch-level graph)
+     "fx.symbolic_peak", "fx.shape_guards", "fx.chunked_loss", "fx.chunked_mlp"),
+    # the split: the LM head and its loss, and token-wise MLPs, rewritten into the chunked ops
+    # (a torch-level graph)
     ("fx.token_split",),
     # fx/passes: graph passes (one function each: graph in, "changed" out)
     ("fx.passes", "fx.passes.cse", "fx.passes.dce", "fx.passes.recompute_tags",

@@ -216,9 +216,39 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds()
         model.zero_grad(set_to_none=True)
         measured = measure_peak(lambda c=compiled: c(ids, labels).backward())
         assert inputs + measured.peak_bytes <= cap, (share, measured.peak_bytes, cap)
-        if splits:
-            assert all(d.chunks >= 2 for d in compiled.recorder.splits)
+        if splits:  # the loss's split is enough: the GPT's MLP is left whole
+            assert all(d.chunks >= 2 and d.site.kind == "loss" for d in compiled.recorder.splits)
             assert measured.peak_bytes < 0.7 * base.peak_bytes
+
+
+def test_auto_splits_the_mlp_too_when_no_split_of_the_loss_fits_and_the_measured_peak_holds():
+    """A Llama block whose SwiGLU intermediates (512 tokens x 512, fp32) make the peak and whose
+    loss (vocab 64) is small: under a cap at 60% of the uncapped peak neither recompute nor the
+    loss's split fits; "auto" then splits the MLP too (the Mini-Sequence Transformer's split),
+    the profiler's peak is under the cap and every gradient equals eager's."""
+    from aot_pipeline.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("llama", vocab=64, dim=64, heads=2, layers=1, seq=256,
+                        hidden=512).module
+    eager = copy.deepcopy(model)
+    ids, labels = _batch(64, 2, 256)
+    torch._dynamo.reset()
+    whole = aot_pipeline.compile(_gpt_step(model))
+    whole(ids, labels).backward()
+    model.zero_grad(set_to_none=True)
+    base = measure_peak(lambda: whole(ids, labels).backward())
+    inputs = sum(p.numel() * 4 for p in model.parameters()) + ids.numel() * 8 * 2
+
+    torch._dynamo.reset()
+    cap = inputs + int(0.6 * base.peak_bytes)
+    compiled = aot_pipeline.compile(_gpt_step(model), memory_budget=f"{cap}B peak")
+    _compare(model, eager, compiled, _gpt_step(eager), (ids, labels), rtol=1e-4, atol=1e-6)
+    kinds = sorted(d.site.kind for d in compiled.recorder.splits)
+    assert kinds == ["loss", "mlp"], compiled.recorder.splits
+    model.zero_grad(set_to_none=True)
+    measured = measure_peak(lambda: compiled(ids, labels).backward())
+    assert inputs + measured.peak_bytes <= cap, (measured.peak_bytes, cap)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

@@ -2,7 +2,8 @@
 
 ``options.split`` (``aot_config.functorch.activation_token_split``):
 
-- an int N >= 2: every recognised site (aot_partition.fx.token_split) is split into N chunks;
+- an int N >= 2: every recognised loss site (aot_partition.fx.token_split) is split into N
+  chunks (MLPs are split by "auto" only);
 - False: never;
 - "auto" (the default): without a peak cap nothing changes. Under a peak cap the graph is
   first compiled whole. When the cap is unreachable that way (``UnreachableMemoryBudgetError``:
@@ -16,7 +17,10 @@
   tokens) is compiled too and the one whose cut recomputes less beyond its uncapped cut (the
   roofline's estimate; the loss itself is not compared, as the roofline prices an unsplit loss
   unfused) is kept: the cheapest way to fit. Reachable whole with no more recompute than
-  uncapped: never split.
+  uncapped: never split. Only when no split of the loss fits are the MLPs split too
+  (``find_split_sites(kinds=("mlp",))``: the Mini-Sequence Transformer's split, each MLP
+  recomputing its input projections in the backward); a graph without a loss but with MLPs
+  gets that step alone.
 
 Each decision is recorded (``PartitionRecorder.splits``) and logged.
 """
@@ -133,23 +137,27 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
             recorder.partitions.extend(record.partitions)
             recorder.splits.extend(decisions)
 
-    def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        from aot_partition.fx.token_split import find_split_sites
-
-        sites, left = find_split_sites(gm)
+    def note_left_alone(left: Sequence[Any]) -> None:
         for alone in left:
             log.info("not split: %s (%s)", alone.loss, alone.reason)
         if recorder is not None:
             recorder.split_left_alone.extend(left)
+
+    def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        from aot_partition.fx.token_split import find_split_sites
+
+        sites, left = find_split_sites(gm)
+        note_left_alone(left)
         split = options.split
-        if not sites or split is False:
+        if split is False or (isinstance(split, int) and not sites):
             return plain(gm, example_inputs)
         if isinstance(split, int):
             compiled, decisions = _compile_split(gm, example_inputs, split, plain,
-                                                 "forward_grads")
+                                                 "forward_grads", ("loss",))
             adopt(PartitionRecorder(), decisions)
             return compiled
-        if not has_peak_cap(options):
+        if not has_peak_cap(options) or (not sites
+                                         and not find_split_sites(gm, kinds=("mlp",))[0]):
             return plain(gm, example_inputs)
         whole = copy.deepcopy(gm)
         whole_record = PartitionRecorder(keep_joints=True)
@@ -160,6 +168,9 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
             if unreachable is None:
                 raise
             return _split_to_fit(whole, example_inputs, sites, unreachable, error)
+        if not sites:  # an MLP is split only where nothing cheaper fits
+            adopt(whole_record)
+            return compiled
         return _cheaper_of(whole, example_inputs, sites, compiled, whole_record)
 
     def _cheaper_of(whole: fx.GraphModule, example_inputs: Sequence[Any], sites: Sequence[Any],
@@ -176,7 +187,7 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         try:
             split_compiled, decisions = _compile_split(
                 copy.deepcopy(whole), example_inputs, chunks,
-                compiler_for(probe_options, split_record), "forward_grads")
+                compiler_for(probe_options, split_record), "forward_grads", ("loss",))
         except Exception as error:
             if _unreachable(error) is None:
                 raise
@@ -199,17 +210,38 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
     def _split_to_fit(whole: fx.GraphModule, example_inputs: Sequence[Any],
                       sites: Sequence[Any], unreachable: Any, failure: BaseException
                       ) -> CompiledGraph:
-        counts = chunk_counts(sites, unreachable.least - unreachable.cap)
-        log.info("peak cap unreachable whole (least %d bytes, cap %d): splitting into %s chunks",
-                 unreachable.least, unreachable.cap, counts)
-        attempts = [(k, "forward_grads") for k in counts] + [(counts[-1], "recompute")]
-        for i, (chunks, mode) in enumerate(attempts):
+        """The cap is unreachable whole: the cheapest split that fits. The loss in the fewest
+        chunks with its gradients made in the forward (no matmul more), then its logits
+        recomputed (one matmul more); then the MLPs too (each recomputes its input
+        projections in the backward), the same two ways."""
+        from aot_partition.fx.token_split import find_split_sites
+
+        gap = unreachable.least - unreachable.cap
+        mlp_sites, mlp_left = find_split_sites(whole, kinds=("mlp",))
+        attempts: list[tuple[int, str, tuple[str, ...]]] = []
+        if sites:
+            counts = chunk_counts(sites, gap)
+            attempts += [(k, "forward_grads", ("loss",)) for k in counts]
+            attempts.append((counts[-1], "recompute", ("loss",)))
+        if mlp_sites:
+            both = [*sites, *mlp_sites]
+            counts = chunk_counts(both, gap)
+            attempts += [(k, "forward_grads", ("loss", "mlp")) for k in counts]
+            if sites:
+                attempts.append((counts[-1], "recompute", ("loss", "mlp")))
+        log.info("peak cap unreachable whole (least %d bytes, cap %d): trying splits %s",
+                 unreachable.least, unreachable.cap, attempts)
+        noted = False
+        for i, (chunks, mode, kinds) in enumerate(attempts):
             last = i == len(attempts) - 1
+            if "mlp" in kinds and not noted:  # the MLPs not split, once they are tried
+                note_left_alone(mlp_left)
+                noted = True
             record = PartitionRecorder()
             try:
                 compiled, decisions = _compile_split(
                     copy.deepcopy(whole), example_inputs, chunks,
-                    compiler_for(options if last else probe_options, record), mode)
+                    compiler_for(options if last else probe_options, record), mode, kinds)
             except Exception as error:
                 if _unreachable(error) is None:
                     raise
@@ -223,11 +255,14 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
 
 
 def _compile_split(gm: fx.GraphModule, example_inputs: Sequence[Any], chunks: int,
-                   compile_graph: GraphCompiler, mode: str) -> tuple[CompiledGraph, list[Any]]:
-    """``gm`` split in place into ``chunks`` and compiled; the decisions made."""
-    from aot_partition.fx.token_split import split_token_wise
+                   compile_graph: GraphCompiler, mode: str, kinds: tuple[str, ...]
+                   ) -> tuple[CompiledGraph, list[Any]]:
+    """The sites of ``kinds`` in ``gm`` split in place into ``chunks`` and compiled; the
+    decisions made."""
+    from aot_partition.fx.token_split import find_split_sites, split_token_wise
 
-    decisions = split_token_wise(gm, chunks, mode=mode)
+    sites = find_split_sites(gm, kinds=kinds)[0]
+    decisions = split_token_wise(gm, chunks, sites=sites, mode=mode)
     for decision in decisions:
         log.info("split: %s", decision.describe())
     return compile_graph(gm, example_inputs), decisions

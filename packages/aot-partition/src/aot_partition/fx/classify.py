@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.sym_node import magic_methods, method_to_operator
 
-from . import chunked_loss
+from . import chunked_loss, chunked_mlp
 from .joint import (
     ancestors_within,
     aten_packet,
@@ -156,10 +156,12 @@ def default_op_types() -> OpTypes:
     random_ops = _existing(aten, _RANDOM_ATEN)
     return OpTypes(
         fusible_ops=frozenset(recomputable) | frozenset(random_ops),
-        # The split's chunked ops run the LM head's matmuls: recomputing one repeats them all,
-        # so they are banned like a matmul and released only by the knapsack, at their price.
+        # The split's chunked ops run the LM head's or the MLP's matmuls: recomputing one
+        # repeats them all, so they are banned like a matmul and released only by the
+        # knapsack, at their price.
         compute_intensive_ops=frozenset(_existing(aten, _COMPUTE_INTENSIVE_ATEN))
-        | frozenset(op.overloadpacket for op in chunked_loss.CHUNKED_OPS),
+        | frozenset(op.overloadpacket
+                    for op in (*chunked_loss.CHUNKED_OPS, *chunked_mlp.CHUNKED_OPS)),
         random_ops=frozenset(random_ops),
         view_ops=frozenset(view_ops),
         recomputable_ops=frozenset(recomputable),
@@ -204,14 +206,17 @@ def classify(
     """Classify every node of ``joint_module`` once (see NodeInfo)."""
     graph = joint_module.graph
     nodes = list(graph.nodes)
+    # Only placeholders are primals, seeds or tangents: the other nodes skip those checks.
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    tangents = set(filter(is_tangent, placeholders))
     tangents_closure: set[fx.Node] = set()
     for node in nodes:
-        if is_tangent(node) or any(a in tangents_closure for a in node._input_nodes):
+        if node in tangents or not tangents_closure.isdisjoint(node._input_nodes):
             if node.op != "output":
                 tangents_closure.add(node)
 
-    primals = [n for n in nodes if is_primal(n)]
-    inputs = primals + [n for n in nodes if is_fwd_seed_offset(n)]
+    primals = [n for n in placeholders if is_primal(n)]
+    inputs = primals + [n for n in placeholders if is_fwd_seed_offset(n)]
     fw_outputs, bw_outputs, _, _ = forward_and_backward_outputs(joint_module, num_fwd_outputs)
     required_bw = set(tangents_closure)
     required_bw.update(o for o in bw_outputs if isinstance(o, fx.Node) and o.op != "output")

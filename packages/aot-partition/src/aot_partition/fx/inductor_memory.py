@@ -351,8 +351,10 @@ def _is_chunked_loss(node: Any) -> bool:
     """An extern call of the split's ops (chunked_loss): their scratch is known from the shapes,
     so it is counted even where measuring library scratch is off."""
     from .chunked_loss import CHUNKED_OPS
+    from .chunked_mlp import CHUNKED_OPS as CHUNKED_MLP_OPS
 
-    return getattr(node, "op_overload", None) in CHUNKED_OPS
+    op = getattr(node, "op_overload", None)
+    return op in CHUNKED_OPS or op in CHUNKED_MLP_OPS
 
 
 def _extern_workspace(node: Any, with_outputs: bool = False) -> list[Event]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ __all__ = [
     "measure_partition",
     "measure_peak",
     "profiled_workspace",
+    "split_op_workspace",
     "simulate_joint",
     "simulate_partition",
 ]
@@ -817,8 +819,10 @@ def _measure_cuda(step: Callable[[], Any], device: torch.device, *,
 _workspace_cache: dict[Any, int] = {}
 
 
-# Our chunked ops are run to measure their scratch only below this estimate (bytes).
+# Our chunked ops are run to measure their scratch only below this estimate (bytes) and this
+# many FLOPs (a few tenths of a second on a CPU core; at Llama-3-8B sizes a run took 40 s).
 _MEASURED_WORKSPACE_LIMIT = 256 * 2**20
+_MEASURED_WORKSPACE_FLOPS_LIMIT = 5e9
 
 
 def profiled_workspace(node: fx.Node,
@@ -833,16 +837,18 @@ def profiled_workspace(node: fx.Node,
     if not isinstance(target, torch._ops.OpOverload) or any(
             r.alias_info is not None for r in target._schema.returns):
         return 0
-    from . import chunked_loss
+    from . import chunked_loss, chunked_mlp
 
-    if target in chunked_loss.CHUNKED_OPS:
+    if target in chunked_loss.CHUNKED_OPS or target in chunked_mlp.CHUNKED_OPS:
         # Ours: measured like any op where that is cheap (a library's scratch, e.g. oneDNN's
         # for a bf16 matmul, shows only there), else from the shapes, at any size.
         args = pytree.tree_map_only(fx.Node, lambda a: a.meta.get("val"), node.args)
-        estimate = chunked_loss.workspace_bytes(target, tuple(args))
+        ours = chunked_loss if target in chunked_loss.CHUNKED_OPS else chunked_mlp
+        estimate = ours.workspace_bytes(target, tuple(args))
         fake = any(isinstance(v, torch.Tensor) and v.device.type == "meta"
                    for v in pytree.tree_leaves(args))
-        if fake or estimate > _MEASURED_WORKSPACE_LIMIT:
+        if fake or estimate > _MEASURED_WORKSPACE_LIMIT \
+                or _op_flops(target, args) > _MEASURED_WORKSPACE_FLOPS_LIMIT:
             return estimate
     strides = strides or {}
     key = (target, _signature((node.args, node.kwargs)),
@@ -854,6 +860,28 @@ def profiled_workspace(node: fx.Node,
             log.debug("workspace of %s not measurable: %s", node.name, exc)
             _workspace_cache[key] = 0
     return _workspace_cache[key]
+
+
+def _op_flops(target: Any, args: Any) -> float:
+    """The FLOPs the op's registered formula counts (``inf`` when it has none)."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(target.overloadpacket)
+    if formula is None:
+        return math.inf
+    return float(formula(*args, out_val=None))
+
+
+def split_op_workspace(node: fx.Node) -> int:
+    """``profiled_workspace`` for the split's chunked ops (their scratch, one chunk's logits or
+    intermediates, is what they exist to bound), 0 for every other op: the eager model's
+    workspace, which leaves the library ops of a pure fx-level model out."""
+    from . import chunked_loss, chunked_mlp
+
+    target = node.target
+    if target in chunked_loss.CHUNKED_OPS or target in chunked_mlp.CHUNKED_OPS:
+        return profiled_workspace(node)
+    return 0
 
 
 def clear_workspace_cache() -> None:

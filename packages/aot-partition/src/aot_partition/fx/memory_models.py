@@ -89,8 +89,10 @@ def price_partition(fw: fx.Graph, bw: fx.Graph, model: str, *,
             warnings.warn(message, MemoryModelFallbackWarning, stacklevel=2)
             return Priced(memory.simulate_partition(
                 fw, bw, static_input_indices=static_input_indices, alignment=alignment,
-                allocator=allocator), "eager", reason)
+                allocator=allocator, workspace=memory.split_op_workspace), "eager", reason)
     if model != "eager":
         raise ValueError(f"price_partition: model must be 'eager' or 'inductor', got {model!r}")
+    # The split's chunked ops hold one chunk's logits or intermediates inside: counted.
     return Priced(memory.simulate_partition(fw, bw, static_input_indices=static_input_indices,
-                                            alignment=alignment, allocator=allocator), "eager")
+                                            alignment=alignment, allocator=allocator,
+                                            workspace=memory.split_op_workspace), "eager")

@@ -287,11 +287,14 @@ def bytes_moved(node: fx.Node) -> int:
         read = min(touched_bytes(inputs[0]), written) + sum(touched_bytes(v) for v in inputs[1:])
     else:
         read = sum(touched_bytes(v) for v in inputs)
-    from . import chunked_loss
+    from . import chunked_loss, chunked_mlp
 
     if node.target in chunked_loss.CHUNKED_OPS:  # its passes over each chunk's logits
         args = pytree.tree_map_only(fx.Node, lambda a: a.meta.get("val"), node.args)
         read += chunked_loss.internal_bytes(node.target, tuple(args))
+    elif node.target in chunked_mlp.CHUNKED_OPS:  # its passes over each chunk's intermediates
+        args = pytree.tree_map_only(fx.Node, lambda a: a.meta.get("val"), node.args)
+        read += chunked_mlp.internal_bytes(node.target, tuple(args))
     return read + written
 
 
