@@ -16,6 +16,7 @@ class RecordedPartition:
     forward: fx.GraphModule
     backward: fx.GraphModule | None
     saved_bytes: int
+    num_fwd_outputs: int | None = None
 
 
 @dataclass
@@ -56,7 +57,7 @@ class PartitionRecorder:
         from aot_partition import saved_activation_bytes
 
         saved = saved_activation_bytes(forward, num_fwd_outputs)
-        self.partitions.append(RecordedPartition(forward, backward, saved))
+        self.partitions.append(RecordedPartition(forward, backward, saved, num_fwd_outputs))
 
     @property
     def saved_bytes(self) -> int | None:

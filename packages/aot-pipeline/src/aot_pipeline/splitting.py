@@ -133,8 +133,11 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
     probe_options = replace(options, memory_budget_best_effort=False)
 
     def adopt(record: PartitionRecorder, decisions: Sequence[Any] = ()) -> None:
+        """The chosen compile's partitions and decisions, handed to the user's recorder as
+        if it had recorded them (through ``record_forward``, which callers may wrap)."""
         if recorder is not None:
-            recorder.partitions.extend(record.partitions)
+            for p in record.partitions:
+                recorder.record_forward(p.forward, p.backward, p.num_fwd_outputs)
             recorder.splits.extend(decisions)
 
     def note_left_alone(left: Sequence[Any]) -> None:
