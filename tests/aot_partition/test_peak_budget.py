@@ -26,15 +26,19 @@ def gpt(capture):
 
 @pytest.fixture
 def count_simulations(monkeypatch):
-    """Counts calls of memory.simulate_partition (what SimulatedPeak calls); returns the list."""
+    """Counts simulations (memory.simulate_plan on a cut's plan, memory.simulate_partition
+    on graphs where a plan cannot be simulated: what SimulatedPeak calls); returns the list."""
     calls = []
-    real = memory.simulate_partition
+    for name in ("simulate_partition", "simulate_plan"):
+        real = getattr(memory, name)
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+        def counting(*args, _real=real, **kwargs):
+            timeline = _real(*args, **kwargs)
+            if timeline is not None:  # simulate_plan's None: simulate_partition runs instead
+                calls.append(1)
+            return timeline
 
-    monkeypatch.setattr(memory, "simulate_partition", counting)
+        monkeypatch.setattr(memory, name, counting)
     return calls
 
 
@@ -117,6 +121,7 @@ def test_no_simulation_without_a_peak_cap(gpt, monkeypatch):
         raise AssertionError("simulated without a peak cap")
 
     monkeypatch.setattr(memory, "simulate_partition", forbidden)
+    monkeypatch.setattr(memory, "simulate_plan", forbidden)
     # The fraction's reference check simulates (test_reference_check.py); it is off here.
     monkeypatch.setattr(functorch_config, "activation_memory_budget_reference_estimator", None)
     full = partition_with_report(gpt.fresh(), num_fwd_outputs=gpt.num_fwd_outputs)[2]

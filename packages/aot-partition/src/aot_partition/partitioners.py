@@ -534,9 +534,11 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
     # generation per module).
     cut = next((graphs for measured in simulators.values()
                 if (graphs := measured.take_graphs(choice.saved)) is not None), None)
-    if cut is None:
+    if cut is None:  # planned already when the peak cap or reference check measured it
+        plan = next((found for measured in simulators.values()
+                     if (found := measured.plan(choice.saved)) is not None), None)
         cut = finish_cut(extract_cut(joint_module, choice.saved, num_fwd_outputs=num_fwd_outputs,
-                                     known_live=choice.backward_live))
+                                     known_live=choice.backward_live, plan=plan))
     saved_values, saved_sym_nodes = cut.saved_values, cut.saved_sym_nodes
     spmd.check_saved_agreement([*saved_values, *saved_sym_nodes], config)
     offloaded, offload_notes = offload_cut(joint_graph, cut.fw, cut.bw, saved_values,

@@ -17,26 +17,31 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
 from ..errors import UnreachableMemoryBudgetError
-from ..fx.estimators import estimate_runtime
+from ..fx.estimators import SignatureMemo, estimate_runtime
 from ..fx.extract import (
+    CutPlan,
     backward_live_nodes,
     extract_forward_backward_graphs,
     is_assert_only_symbool,
+    plan_cut,
 )
 from ..fx.joint import is_bwd_seed_offset, is_random, is_tangent
 from ..fx.passes import reorder_backward, replay_random_ops
 from ..fx.passes.rng import device_of, rng_state_nbytes
 from ..fx.sizes import saved_bytes
 from .search import BudgetSearch
+
+if TYPE_CHECKING:
+    from ..fx.memory import MemoryTimeline
 
 log = logging.getLogger(__name__)
 
@@ -367,17 +372,22 @@ class CutGraphs:
     replayed: list[str] = field(default_factory=list)  # random ops replaying the fw's RNG
 
 
+def split_saved(chosen: Sequence[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
+    """(saved symbolic scalars, saved values) of a chosen set, as the partition splits them."""
+    return ([n for n in chosen if is_sym_node(n) and not is_assert_only_symbool(n)],
+            [n for n in chosen if not is_sym_node(n)])
+
+
 def extract_cut(joint_module: fx.GraphModule, chosen: Sequence[fx.Node], *,
                 num_fwd_outputs: int,
-                known_live: Mapping[frozenset[fx.Node], set[fx.Node]] | None = None
-                ) -> CutGraphs:
+                known_live: Mapping[frozenset[fx.Node], set[fx.Node]] | None = None,
+                plan: CutPlan | None = None) -> CutGraphs:
     """Cut the joint at ``chosen`` (tensors and symbolic scalars): bare graphs, no passes.
-    ``known_live``: see ``extract_forward_backward_graphs``."""
-    saved_sym_nodes = [n for n in chosen if is_sym_node(n) and not is_assert_only_symbool(n)]
-    saved_values = [n for n in chosen if not is_sym_node(n)]
+    ``known_live`` and ``plan``: see ``extract_forward_backward_graphs``."""
+    saved_sym_nodes, saved_values = split_saved(chosen)
     fw, bw, saved_values, saved_sym_nodes = extract_forward_backward_graphs(
         joint_module, saved_values, saved_sym_nodes, num_fwd_outputs=num_fwd_outputs,
-        known_live=known_live)
+        known_live=known_live, plan=plan)
     return CutGraphs(fw, bw, saved_values, saved_sym_nodes)
 
 
@@ -411,43 +421,53 @@ class NodeEstimates:
     Extraction copies a joint node under its name, with its target and its ``meta`` (the same
     ``val`` object), so a copy's estimate is the original's: the cuts of one search share most
     nodes, and each is estimated once per partition instead of once per cut. A name whose
-    target or value differs (a node extraction made) is estimated again.
+    target or value differs (a node extraction made) is estimated again. The joint's own
+    nodes, which a cut's plan lists, are found by identity first.
     """
 
     def __init__(self, estimator: str | None = None) -> None:
         self.estimator = estimator
         self._by_name: dict[str, tuple[Any, Any, float]] = {}
+        self._signatures: SignatureMemo = {}
+        self._by_node: dict[fx.Node, tuple[Any, Any, float]] = {}
 
     def __call__(self, node: fx.Node) -> float:
         val = node.meta.get("val")
-        found = self._by_name.get(node.name)
+        # The same node (a joint node of a cut's plan) first, then its name (a copy).
+        found = self._by_node.get(node) or self._by_name.get(node.name)
         if found is not None and found[0] is node.target and found[1] is val:
             return found[2]
-        estimate = estimate_runtime(node, self.estimator)
-        self._by_name[node.name] = (node.target, val, estimate)
+        estimate = estimate_runtime(node, self.estimator, signatures=self._signatures)
+        self._by_name[node.name] = self._by_node[node] = (node.target, val, estimate)
         return estimate
 
 
-def recompute_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None,
-                       estimates: NodeEstimates | None = None) -> float:
+def recompute_estimate(fw: fx.Graph | Sequence[fx.Node], bw: fx.Graph | Sequence[fx.Node],
+                       estimator: str | None = None, estimates: NodeEstimates | None = None) -> float:
     """The estimated runtime the backward spends recomputing: the estimates (``estimator``) of
     the forward nodes that appear again in the backward (same name; extraction, torch's too,
     keeps the joint's names). A formula that scores any partitioner's graphs alike.
     ``estimates``: a memo of the same estimator shared by the cuts of one joint."""
     estimate = estimates if estimates is not None else NodeEstimates(estimator)
-    forward = {n.name for n in fw.nodes if n.op == "call_function"}
-    return float(sum(estimate(n) for n in bw.nodes
+    forward = {n.name for n in _nodes_of(fw) if n.op == "call_function"}
+    return float(sum(estimate(n) for n in _nodes_of(bw)
                      if n.op == "call_function" and n.name in forward))
 
 
-def step_estimate(fw: fx.Graph, bw: fx.Graph, estimator: str | None = None,
-                  estimates: NodeEstimates | None = None) -> float:
+def step_estimate(fw: fx.Graph | Sequence[fx.Node], bw: fx.Graph | Sequence[fx.Node],
+                  estimator: str | None = None, estimates: NodeEstimates | None = None) -> float:
     """The estimated runtime of one forward+backward step: the estimates (``estimator``) of
     every call in both graphs, before the RNG replay (a replayed random op counts as itself).
     ``estimates``: a memo of the same estimator shared by the cuts of one joint."""
     estimate = estimates if estimates is not None else NodeEstimates(estimator)
-    return float(sum(estimate(n) for graph in (fw, bw) for n in graph.nodes
+    return float(sum(estimate(n) for graph in (fw, bw) for n in _nodes_of(graph)
                      if n.op == "call_function"))
+
+
+def _nodes_of(graph: fx.Graph | Sequence[fx.Node]) -> Iterable[fx.Node]:
+    """A graph's nodes, or a plan's list of them (extract.CutPlan: the joint nodes the
+    graph's copies would be; a copy's estimate is its original's, see NodeEstimates)."""
+    return graph.nodes if isinstance(graph, fx.Graph) else graph
 
 
 # How many measured cuts' graphs a SimulatedPeak keeps for the partition to take (the
@@ -498,6 +518,11 @@ class SimulatedPeak:
     # Inductor model: each priced cut's peak over its eager (unfused) peak, and eager peaks.
     _fusion_ratios: list[float] = field(default_factory=list, repr=False)
     _eager: dict[frozenset[fx.Node], int] = field(default_factory=dict, repr=False)
+    # The plans of recent cuts, by saved set (with the saved list's order): see ``plan``.
+    _plans: dict[frozenset[fx.Node], tuple[tuple[fx.Node, ...], CutPlan]] = field(
+        default_factory=dict, repr=False)
+    # The joint nodes' output sizes, found once for every cut simulated on its plan.
+    _leaf_facts: dict[fx.Node, Any] = field(default_factory=dict, repr=False)
 
     def __call__(self, candidate: CutCandidate) -> int:
         return self.of(candidate.saved).peak_bytes
@@ -559,15 +584,56 @@ class SimulatedPeak:
         return int(self._eager_peak(saved) * min(self._fusion_ratios) * SOFT_BOUND_MARGIN)
 
     def _eager_peak(self, saved: Sequence[fx.Node]) -> int:
-        from ..fx.memory import simulate_partition
-
         key = frozenset(saved)
         if key not in self._eager:
-            cut = self._cut(saved)
-            self._eager[key] = simulate_partition(
-                cut.fw, cut.bw, static_input_indices=self.static_input_indices,
-                alignment=self.alignment, allocator=self.allocator).peak_bytes
+            # The unfused graphs' own buffers (no op scratch): the soft bound's base.
+            self._eager[key] = self._eager_timeline(saved, scratch=False).peak_bytes
         return self._eager[key]
+
+    def _eager_timeline(self, saved: Sequence[fx.Node], scratch: bool = True
+                        ) -> MemoryTimeline:
+        """The eager model's peak of the cut (no per-step records), simulated on its plan
+        (no node copied) unless the passes would change its graphs (an RNG replay): then on
+        its finished graphs. ``scratch``: count the chunked ops' scratch, as the eager model
+        does (memory.split_op_workspace)."""
+        from ..fx.memory import simulate_partition, simulate_plan, split_op_workspace
+
+        options: dict[str, Any] = {
+            "static_input_indices": self.static_input_indices, "alignment": self.alignment,
+            "allocator": self.allocator, "record_steps": False,
+            "workspace": split_op_workspace if scratch else None}
+        timeline = simulate_plan(self.joint_module.graph, self._plan(saved),
+                                 facts=self._leaf_facts, **options)
+        if timeline is not None:
+            return timeline
+        cut = self._cut(saved)
+        return simulate_partition(cut.fw, cut.bw, **options)
+
+    def plan(self, saved: Sequence[fx.Node]) -> CutPlan | None:
+        """The plan of exactly ``saved`` (same order) if this simulator made it recently: the
+        partition extracts the chosen cut from it instead of planning it again."""
+        found = self._plans.get(frozenset(saved))
+        return found[1] if found is not None and found[0] == tuple(saved) else None
+
+    def _plan(self, saved: Sequence[fx.Node]) -> CutPlan:
+        """The cut's plan (extract.plan_cut), its runtimes estimated from it."""
+        key = frozenset(saved)
+        plan = self.plan(saved)
+        if plan is None:
+            saved_sym_nodes, saved_values = split_saved(saved)
+            plan = plan_cut(self.joint_module, saved_values, saved_sym_nodes,
+                            num_fwd_outputs=self.num_fwd_outputs)
+            if len(self._plans) >= KEPT_CUT_GRAPHS:  # a peak cap may plan many: keep the last
+                del self._plans[next(iter(self._plans))]
+            self._plans[key] = (tuple(saved), plan)
+        if self.estimator is not None and key not in self._runtimes:
+            graph = self.joint_module.graph
+            fw, bw = plan.fw_nodes(graph), plan.bw_nodes(graph)
+            if self._estimates is None:
+                self._estimates = NodeEstimates(self.estimator)
+            self._runtimes[key] = (recompute_estimate(fw, bw, self.estimator, self._estimates),
+                                   step_estimate(fw, bw, self.estimator, self._estimates))
+        return plan
 
     @property
     def simulations(self) -> int:
@@ -589,7 +655,7 @@ class SimulatedPeak:
             raise ValueError("SimulatedPeak.step_runtime needs an estimator")
         key = frozenset(saved)
         if key not in self._runtimes:
-            self._cut(saved)
+            self._plan(saved)
         return self._runtimes[key]
 
     def take_graphs(self, saved: Sequence[fx.Node]) -> CutGraphs | None:
@@ -608,7 +674,8 @@ class SimulatedPeak:
         found = self._graphs.get(key)
         if found is not None and found[0] == tuple(saved):
             return found[1]
-        cut = extract_cut(self.joint_module, saved, num_fwd_outputs=self.num_fwd_outputs)
+        cut = extract_cut(self.joint_module, saved, num_fwd_outputs=self.num_fwd_outputs,
+                          plan=self.plan(saved))
         if self.estimator is not None and key not in self._runtimes:
             if self._estimates is None:
                 self._estimates = NodeEstimates(self.estimator)
@@ -624,20 +691,23 @@ class SimulatedPeak:
     def _measure(self, saved: Sequence[fx.Node]) -> CutMeasure:
         from ..fx.memory_models import price_partition
 
-        cut = self._cut(saved)
-        priced = price_partition(cut.fw, cut.bw, self.model,
-                                 static_input_indices=self.static_input_indices,
-                                 owner=self.joint_module, alignment=self.alignment,
-                                 allocator=self.allocator)
-        if priced.fallback is not None:
-            self.fallbacks.append(priced.fallback)
-        timeline = priced.timeline
-        if priced.model == "inductor":
-            eager = self._eager_peak(saved)
-            if eager > 0:
-                self._fusion_ratios.append(timeline.peak_bytes / eager)
+        if self.model == "eager":  # the same model price_partition runs, on the plan
+            timeline, model = self._eager_timeline(saved), "eager"
+        else:
+            cut = self._cut(saved)
+            priced = price_partition(cut.fw, cut.bw, self.model,
+                                     static_input_indices=self.static_input_indices,
+                                     owner=self.joint_module, alignment=self.alignment,
+                                     allocator=self.allocator, record_steps=False)
+            if priced.fallback is not None:
+                self.fallbacks.append(priced.fallback)
+            timeline, model = priced.timeline, priced.model
+            if model == "inductor":
+                eager = self._eager_peak(saved)
+                if eager > 0:
+                    self._fusion_ratios.append(timeline.peak_bytes / eager)
         recompute, step = self._runtimes.get(frozenset(saved), (None, None))
-        log.debug("%s peak %d bytes (%d before the step) for %d saved values", priced.model,
-                  timeline.peak_bytes, timeline.baseline_bytes, len(cut.saved_values))
+        log.debug("%s peak %d bytes (%d before the step) for %d saved values", model,
+                  timeline.peak_bytes, timeline.baseline_bytes, len(saved))
         return CutMeasure(timeline.peak_bytes, timeline.baseline_bytes, recompute, step,
-                          priced.model, timeline.peak_expressions)
+                          model, timeline.peak_expressions)

@@ -84,21 +84,48 @@ def _hints(sizes: Any) -> tuple[int, ...]:
     # The key is built for every node a simulated cut estimates: skip size_hint for plain ints
     # (their hint is themselves).
     values = tuple(sizes)
-    if all(type(v) is int for v in values):
-        return values
-    return tuple(size_hint(v) for v in values)
+    for v in values:
+        if type(v) is not int:
+            return tuple(size_hint(v) for v in values)
+    return values
 
 
-def _signature(x: Any) -> Any:
+# A memo of node-argument signatures: id(meta["val"]) -> (the val, its signature). The val is
+# kept so its id cannot be reused while the memo lives.
+SignatureMemo = dict[int, tuple[Any, Any]]
+
+
+def _value_signature(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        return ("T", _hints(val.shape), _hints(val.stride()), val.dtype, val.device.type)
+    return ("N", type(val).__name__, size_hint(val) if isinstance(val, torch.SymInt) else None)
+
+
+# Arguments whose signature is their repr, checked by exact type first (most arguments are
+# nodes or these).
+_REPR_TYPES = frozenset({int, float, bool, str, type(None)})
+
+
+def _signature(x: Any, memo: SignatureMemo | None = None) -> Any:
+    kind = type(x)
+    if kind in _REPR_TYPES:
+        return repr(x)
+    if kind is tuple or kind is list:
+        return (kind.__name__, tuple([_signature(v, memo) for v in x]))
     if isinstance(x, fx.Node):
         val = x.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return ("T", _hints(val.shape), _hints(val.stride()), val.dtype, val.device.type)
-        return ("N", type(val).__name__, size_hint(val) if isinstance(val, torch.SymInt) else None)
+        if memo is None:
+            return _value_signature(val)
+        found = memo.get(id(val))
+        if found is not None and found[0] is val:
+            return found[1]
+        signature = _value_signature(val)
+        memo[id(val)] = (val, signature)
+        return signature
     if isinstance(x, (list, tuple)):
-        return (type(x).__name__, tuple(_signature(v) for v in x))
+        return (kind.__name__, tuple([_signature(v, memo) for v in x]))
     if isinstance(x, dict):
-        return tuple(sorted((k, _signature(v)) for k, v in x.items()))
+        return tuple(sorted((k, _signature(v, memo)) for k, v in x.items()))
     return repr(x)
 
 
@@ -227,11 +254,14 @@ def _cuda_event_ms(run: Callable[[], None], repeats: int = 10) -> float:
     return start.elapsed_time(end) / repeats
 
 
-def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
+def estimate_runtime(node: fx.Node, estimator: str | None = None, *,
+                     signatures: SignatureMemo | None = None) -> float:
     """The estimated cost of recomputing ``node`` (FLOPs, seconds, milliseconds or 1, see the
     module doc).
 
     ``estimator`` defaults to the flag ``activation_memory_budget_runtime_estimator``.
+    ``signatures``: a memo of argument signatures (by value) shared by calls on nodes of one
+    joint and its cuts: a value read by several nodes is described once.
     """
     estimator = check_estimator(estimator)
     if estimator == "testing":
@@ -241,7 +271,7 @@ def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
     if is_collective(node) and estimator != "flops":
         seconds = collective_seconds(node, collective_bandwidth_gbps())
         return seconds * 1e3 if estimator == "profile" else seconds
-    key = _estimate_key(node, estimator)
+    key = _estimate_key(node, estimator, signatures)
     if estimator == "profile" and spmd.profile_agreed():
         agreed = spmd.agreed_runtime(_hashable(key))
         return agreed if agreed is not None else roofline_runtime(node) * 1e3
@@ -255,11 +285,12 @@ def estimate_runtime(node: fx.Node, estimator: str | None = None) -> float:
     return cached
 
 
-def _estimate_key(node: fx.Node, estimator: str) -> tuple[Any, ...]:
+def _estimate_key(node: fx.Node, estimator: str,
+                  signatures: SignatureMemo | None = None) -> tuple[Any, ...]:
     """The cache key of ``node``'s estimate: its op and argument signature (plus, for
     "roofline", the device settings); may be unhashable (an unhashable argument)."""
-    key: tuple[Any, ...] = (estimator, node.target, _signature(node.args),
-                            _signature(node.kwargs))
+    key: tuple[Any, ...] = (estimator, node.target, _signature(node.args, signatures),
+                            _signature(node.kwargs, signatures) if node.kwargs else ())
     if estimator == "roofline":
         key += (settings_version(),)
     return key

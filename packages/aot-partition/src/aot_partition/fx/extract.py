@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import operator
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -258,18 +259,48 @@ def extract_forward_backward(
             saved_values, saved_sym_nodes)
 
 
-def extract_forward_backward_graphs(
+@dataclass(frozen=True)
+class CutPlan:
+    """What a cut's two graphs hold, before any node is copied: their inputs (the graphs'
+    placeholders, in order), outputs, and the joint nodes each computes (``extract_subgraph``
+    copies exactly these, in joint order, the inputs excepted). A memory simulation of the cut
+    can run on it without the copies (memory.simulate_plan)."""
+
+    fw_inputs: list[fx.Node]
+    fw_outputs: list[Any]
+    fw_descs: list[Any] | None
+    fw_needed: set[fx.Node]
+    bw_inputs: list[fx.Node]
+    bw_outputs: list[Any]
+    bw_descs: list[Any]
+    bw_needed: set[fx.Node]
+    saved_values: list[fx.Node]
+    saved_sym_nodes: list[fx.Node]
+
+    def fw_nodes(self, joint_graph: fx.Graph) -> list[fx.Node]:
+        """The forward's computed nodes in joint order (its placeholders excepted)."""
+        return _computed_in_order(joint_graph, self.fw_needed, self.fw_inputs)
+
+    def bw_nodes(self, joint_graph: fx.Graph) -> list[fx.Node]:
+        """The backward's computed nodes in joint order, before any reordering."""
+        return _computed_in_order(joint_graph, self.bw_needed, self.bw_inputs)
+
+
+def _computed_in_order(joint_graph: fx.Graph, needed: set[fx.Node],
+                       inputs: Sequence[fx.Node]) -> list[fx.Node]:
+    placeholders = set(inputs)
+    return [n for n in joint_graph.nodes if n in needed and n not in placeholders]
+
+
+def plan_cut(
     joint_module: fx.GraphModule,
     saved_values: list[fx.Node],
     saved_sym_nodes: list[fx.Node],
     *,
     num_fwd_outputs: int,
     known_live: Mapping[frozenset[fx.Node], set[fx.Node]] | None = None,
-) -> tuple[fx.Graph, fx.Graph, list[fx.Node], list[fx.Node]]:
-    """Like extract_forward_backward, with bare graphs: passes can still edit them before
-    they are wrapped (building a GraphModule generates and compiles code, so do it once).
-    ``known_live``: backward live sets (``backward_live_nodes``) already found for this
-    joint, by input set; the one of this cut's backward inputs is not found again."""
+) -> CutPlan:
+    """The cut's plan (``extract_forward_backward_graphs`` builds its graphs from it)."""
     graph = joint_module.graph
     fw_outputs, bw_outputs, fw_descs, bw_descs = forward_and_backward_outputs(
         joint_module, num_fwd_outputs)
@@ -296,17 +327,45 @@ def extract_forward_backward_graphs(
 
     num_saved = len(saved_values) + len(saved_sym_nodes)
     saved_descs = saved_output_descs(num_saved)
-    fw_graph = extract_subgraph(
-        graph, primals + fwd_seeds, fw_outputs + saved_values + saved_sym_nodes,
-        None if saved_descs is None else fw_descs + saved_descs)
+    fw_inputs = primals + fwd_seeds
+    fw_all_outputs = fw_outputs + saved_values + saved_sym_nodes
     bw_inputs = saved_sym_nodes + saved_values + tangents + bwd_seeds + backward_state
     bw_live = (candidate_live if _same_live_set(candidate_inputs, bw_inputs, candidate_live)
                else _needed_nodes(graph, bw_inputs, bw_outputs, backward=True))
-    bw_graph = extract_subgraph(graph, bw_inputs, bw_outputs, bw_descs, needed=bw_live)
+    return CutPlan(
+        fw_inputs=fw_inputs, fw_outputs=fw_all_outputs,
+        fw_descs=None if saved_descs is None else fw_descs + saved_descs,
+        fw_needed=_needed_nodes(graph, fw_inputs, fw_all_outputs),
+        bw_inputs=bw_inputs, bw_outputs=bw_outputs, bw_descs=bw_descs, bw_needed=bw_live,
+        saved_values=saved_values, saved_sym_nodes=saved_sym_nodes)
+
+
+def extract_forward_backward_graphs(
+    joint_module: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_sym_nodes: list[fx.Node],
+    *,
+    num_fwd_outputs: int,
+    known_live: Mapping[frozenset[fx.Node], set[fx.Node]] | None = None,
+    plan: CutPlan | None = None,
+) -> tuple[fx.Graph, fx.Graph, list[fx.Node], list[fx.Node]]:
+    """Like extract_forward_backward, with bare graphs: passes can still edit them before
+    they are wrapped (building a GraphModule generates and compiles code, so do it once).
+    ``known_live``: backward live sets (``backward_live_nodes``) already found for this
+    joint, by input set; the one of this cut's backward inputs is not found again. ``plan``:
+    this cut's plan (``plan_cut``), if the caller made it already."""
+    if plan is None:
+        plan = plan_cut(joint_module, saved_values, saved_sym_nodes,
+                        num_fwd_outputs=num_fwd_outputs, known_live=known_live)
+    graph = joint_module.graph
+    fw_graph = extract_subgraph(graph, plan.fw_inputs, plan.fw_outputs, plan.fw_descs,
+                                needed=plan.fw_needed)
+    bw_graph = extract_subgraph(graph, plan.bw_inputs, plan.bw_outputs, plan.bw_descs,
+                                needed=plan.bw_needed)
     for node in bw_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
-    return fw_graph, bw_graph, saved_values, saved_sym_nodes
+    return fw_graph, bw_graph, list(plan.saved_values), list(plan.saved_sym_nodes)
 
 
 def _same_live_set(inputs: Sequence[fx.Node], kept: Sequence[fx.Node],

@@ -23,13 +23,14 @@ and returns the peak the allocator saw, to check the model against.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.fx as fx
@@ -38,8 +39,9 @@ from torch.fx.experimental.proxy_tensor import py_sym_types
 
 from ._compat import check_real_tensors, real_kernels
 from .estimators import _signature
-from .joint import is_backward_state, is_bwd_seed_offset, is_tangent
+from .joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
 from .passes.offload_ops import OFFLOAD_META, offload_to_host
+from .passes.reorder import _backward_order
 from .sizes import (
     has_no_result,
     saved_bytes,
@@ -51,10 +53,14 @@ from .sizes import (
     value_leaves,
 )
 
+if TYPE_CHECKING:
+    from .extract import CutPlan
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "KINDS",
+    "LeafFacts",
     "LiveBuffer",
     "MeasuredMemory",
     "MemoryStep",
@@ -68,6 +74,7 @@ __all__ = [
     "split_op_workspace",
     "simulate_joint",
     "simulate_partition",
+    "simulate_plan",
 ]
 
 # What a live buffer is, in the order the plot stacks them.
@@ -282,32 +289,55 @@ class _Memory:
 Materialized = Callable[[str, fx.Node], bool]
 
 
+# Per node: its tensor outputs' (index, storage key, hinted bytes, bytes expression), or None
+# for a node without a value. Kept across the simulations of one joint's cuts (simulate_plan
+# runs the joint's own nodes).
+_Leaves = tuple[tuple[int, int | None, int, Any], ...]
+LeafFacts = dict[fx.Node, _Leaves | None]
+_UNKNOWN: Any = object()
+
+
+def _leaf_facts(node: fx.Node) -> _Leaves | None:
+    if "val" not in node.meta or has_no_result(node):
+        return None
+    val = node.meta["val"]
+    return tuple((index, storage_key(t), storage_nbytes(t), storage_nbytes_expr(t))
+                 for index, t in enumerate(val if isinstance(val, (list, tuple)) else (val,))
+                 if isinstance(t, torch.Tensor))
+
+
 def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value],
-            fused: bool = False) -> _Value:
+            fused: bool = False, facts: LeafFacts | None = None) -> _Value:
     """The value ``node`` produces: aliases of its inputs' buffers, or new buffers. ``fused``:
-    computed inside its readers' kernels, it holds its inputs' buffers until they have run."""
-    if has_no_result(node) or "val" not in node.meta:
+    computed inside its readers' kernels, it holds its inputs' buffers until they have run.
+    ``facts``: a memo of the nodes' output sizes, by node."""
+    if facts is None:
+        leaves = _leaf_facts(node)
+    else:
+        leaves = facts.get(node, _UNKNOWN)
+        if leaves is _UNKNOWN:
+            leaves = facts[node] = _leaf_facts(node)
+    if leaves is None:
         return []
-    if fused and isinstance(node.meta["val"], torch.Tensor):
+    val = node.meta["val"]
+    inputs = node._input_nodes
+    if fused and isinstance(val, torch.Tensor):
         held: dict[int, tuple[int | None, _Buffer]] = {}
-        for arg in node.all_input_nodes:
-            for key, buf in env.get(arg, []):
+        for arg in inputs:
+            for key, buf in env.get(arg, ()):
                 held.setdefault(buf.id, (key, buf))
         return list(held.values())
-    source = node.args[0] if node.args else None
-    if (node.target is operator.getitem and isinstance(source, fx.Node) and source in env
-            and isinstance(source.meta.get("val"), (list, tuple))):
-        return _getitem_value(node, env)
-    if node.target is offload_to_host:  # the host copy: no device bytes
-        host = node.meta["val"]
-        return [(storage_key(host), mem.new(node.name, 0, "computed"))]
-    by_key = {key: buf for arg in node.all_input_nodes for key, buf in env.get(arg, [])
-              if key is not None}
+    target = node.target
+    if target is operator.getitem:
+        source = node.args[0] if node.args else None
+        if (isinstance(source, fx.Node) and source in env
+                and isinstance(source.meta.get("val"), (list, tuple))):
+            return _getitem_value(node, env)
+    elif target is offload_to_host:  # the host copy: no device bytes
+        return [(storage_key(val), mem.new(node.name, 0, "computed"))]
+    by_key = {key: buf for arg in inputs for key, buf in env.get(arg, ()) if key is not None}
     value: _Value = []
-    for index, t in enumerate(value_leaves(node.meta["val"])):
-        if not isinstance(t, torch.Tensor):
-            continue
-        key = storage_key(t)
+    for index, key, nbytes, expr in leaves:
         if key is not None and key in by_key:
             value.append((key, by_key[key]))
             continue
@@ -315,8 +345,7 @@ def _define(mem: _Memory, node: fx.Node, env: dict[fx.Node, _Value],
         if base is not None and env.get(base):
             value.append((key, env[base][0][1]))
             continue
-        value.append((key, mem.new(node.name, storage_nbytes(t), "computed",
-                                   storage_nbytes_expr(t))))
+        value.append((key, mem.new(node.name, nbytes, "computed", expr)))
     return value
 
 
@@ -360,26 +389,57 @@ def _op_name(node: fx.Node) -> str:
     return str(getattr(node.target, "__name__", node.target)) if node.op != "output" else "output"
 
 
-def _deletions(graph: fx.Graph) -> dict[fx.Node, list[fx.Node]]:
-    """Values fx code generation sets to None after each node (``delete_unused_values``)."""
-    seen: set[fx.Node] = set()
-    after: dict[fx.Node, list[fx.Node]] = {}
-    for node in reversed(graph.nodes):
-        for arg in node.all_input_nodes:
-            if arg not in seen:
-                seen.add(arg)
-                after.setdefault(node, []).append(arg)
+@dataclass(frozen=True)
+class _Program:
+    """One graph as the simulation runs it: its inputs, its computed nodes in run order, and
+    what it returns. Built from an fx graph, or from a cut's plan of joint nodes (the
+    nodes extraction would copy, in the order the copies would have: ``simulate_plan``)."""
+
+    placeholders: list[fx.Node]
+    nodes: list[fx.Node]
+    outputs: list[Any]  # the output node's arguments, flattened (nodes or constants)
+
+
+def _program(graph: fx.Graph) -> _Program:
+    placeholders: list[fx.Node] = []
+    nodes: list[fx.Node] = []
+    output: fx.Node | None = None
     for node in graph.nodes:
-        if node.op not in ("placeholder", "output") and not node.users:
-            after.setdefault(node, []).append(node)  # unused results die at once
-        if node.op == "output":
-            after.pop(node, None)  # returned, not deleted
-    return after
+        if node.op == "placeholder":
+            placeholders.append(node)
+        elif node.op == "output":
+            output = node if output is None else output
+        else:
+            nodes.append(node)
+    if output is None:
+        raise ValueError("the graph has no output node")
+    return _Program(placeholders, nodes, pytree.arg_tree_leaves(*output.args))
+
+
+def _as_program(graph: fx.Graph | _Program) -> _Program:
+    return graph if isinstance(graph, _Program) else _program(graph)
 
 
 def _output_args(graph: fx.Graph) -> list[Any]:
     output = next(iter(graph.find_nodes(op="output")))
     return pytree.arg_tree_leaves(*output.args)
+
+
+def _deletions(program: _Program) -> dict[fx.Node, list[fx.Node]]:
+    """Values fx code generation sets to None after each node (``delete_unused_values``):
+    each value after its last reader; a value nothing reads right after it is made; the
+    returned ones never."""
+    seen: set[fx.Node] = {a for a in program.outputs if isinstance(a, fx.Node)}
+    after: dict[fx.Node, list[fx.Node]] = {}
+    for node in reversed(program.nodes):
+        for arg in node._input_nodes:
+            if arg not in seen:
+                seen.add(arg)
+                after.setdefault(node, []).append(arg)
+    for node in program.nodes:
+        if node not in seen:
+            after.setdefault(node, []).append(node)  # unused results die at once
+    return after
 
 
 _TRANSFER_ROLES = {"copy_out": "to_host", "prefetch": "to_device"}
@@ -393,30 +453,34 @@ def _record_transfer(mem: _Memory, node: fx.Node) -> None:
                                   facts["nbytes"], facts["seconds"], facts["hidden_seconds"]))
 
 
-def _run_graph(mem: _Memory, graph: fx.Graph, phase: str, inputs: Sequence[_Value],
+def _run_graph(mem: _Memory, program: _Program, phase: str, inputs: Sequence[_Value],
                workspace: WorkspaceFn | None = None,
-               materialized: Materialized | None = None) -> list[_Value]:
-    """Run ``graph``'s nodes on ``inputs`` (the caller's references move into the graph's
+               materialized: Materialized | None = None,
+               facts: LeafFacts | None = None) -> list[_Value]:
+    """Run ``program``'s nodes on ``inputs`` (the caller's references move into the graph's
     variables); return the output values, each held once for the caller. ``materialized``:
-    which call nodes get a buffer of their own (default: all); graph outputs always do."""
-    placeholders = list(graph.find_nodes(op="placeholder"))
-    env: dict[fx.Node, _Value] = dict(zip(placeholders, inputs))
-    deletions = _deletions(graph)
-    returned = {a for a in _output_args(graph) if isinstance(a, fx.Node)}
-    for node in graph.nodes:
-        if node.op in ("placeholder", "output"):
-            continue
-        fused = (materialized is not None and node.op == "call_function"
-                 and node not in returned and not materialized(phase, node))
-        value = _define(mem, node, env, fused)
-        _record_transfer(mem, node)
+    which call nodes get a buffer of their own (default: all); graph outputs always do.
+    ``facts``: see ``_define``."""
+    env: dict[fx.Node, _Value] = dict(zip(program.placeholders, inputs))
+    deletions = _deletions(program)
+    returned = {a for a in program.outputs if isinstance(a, fx.Node)}
+    nothing: list[Any] = []
+    drop = mem.drop
+    for node in program.nodes:
+        is_call = node.op == "call_function"
+        fused = (materialized is not None and is_call and node not in returned
+                 and not materialized(phase, node))
+        value = _define(mem, node, env, fused, facts)
+        if OFFLOAD_META in node.meta:
+            _record_transfer(mem, node)
         env[node] = value
-        mem.hold(value)
-        for dead in deletions.get(node, []):
-            mem.drop(env.pop(dead, []))
-        extra = workspace(node) if workspace is not None and node.op == "call_function" else 0
+        for _, buf in value:  # mem.hold
+            buf.refs += 1
+        for dead in deletions.get(node, nothing):
+            drop(env.pop(dead, nothing))
+        extra = workspace(node) if workspace is not None and is_call else 0
         mem.step(phase, node.name, _op_name(node), extra)
-    outputs = [list(env.get(a, [])) if isinstance(a, fx.Node) else [] for a in _output_args(graph)]
+    outputs = [list(env.get(a, [])) if isinstance(a, fx.Node) else [] for a in program.outputs]
     for value in outputs:
         mem.hold(value)
     for value in env.values():  # the frame ends: unused placeholders and returned values
@@ -455,15 +519,16 @@ class _Layout:
         return list(fw_outputs[start + self.num_saved_tensors:]) + tensors
 
 
-def _saved_placeholders(bw_graph: fx.Graph) -> list[fx.Node]:
-    return [n for n in bw_graph.find_nodes(op="placeholder")
+def _saved_placeholders(bw: _Program) -> list[fx.Node]:
+    return [n for n in bw.placeholders
             if not (is_tangent(n) or is_bwd_seed_offset(n) or is_backward_state(n))]
 
 
-def _layout(fw_graph: fx.Graph, bw_graph: fx.Graph) -> _Layout:
-    saved = _saved_placeholders(bw_graph)
+def _layout(fw: fx.Graph | _Program, bw: fx.Graph | _Program) -> _Layout:
+    fw, bw = _as_program(fw), _as_program(bw)
+    saved = _saved_placeholders(bw)
     num_syms = sum(_is_sym(n.meta.get("val")) for n in saved)
-    num_outputs = len(_output_args(fw_graph))
+    num_outputs = len(fw.outputs)
     if len(saved) > num_outputs:
         raise ValueError(f"the backward takes {len(saved)} saved values but the forward returns "
                          f"only {num_outputs} outputs: not a matching forward/backward pair")
@@ -481,6 +546,7 @@ def simulate_partition(
     workspace: WorkspaceFn | str | None = None,
     materialized: Materialized | None = None,
     allocator: str | None = None,
+    record_steps: bool = True,
 ) -> MemoryTimeline:
     """Simulate one training step's memory: the forward, then the backward.
 
@@ -497,11 +563,73 @@ def simulate_partition(
     once (``profiled_workspace``), a callable ``node -> bytes`` supplies them, None ignores
     them (a pure fx-level model). ``materialized(phase, node)``: whether a call node gets a
     buffer of its own (False: fused into its readers, holding its inputs until they have
-    run; graph outputs always do); None: every node does, as the graphs run eagerly."""
-    fw, bw = _graph_of(fw_graph), _graph_of(bw_graph)
+    run; graph outputs always do); None: every node does, as the graphs run eagerly.
+    ``record_steps=False``: the peak only (a search pricing many cuts): the timeline's
+    ``steps`` and ``live_at_peak`` are empty, every other field is as with steps recorded."""
     ws = profiled_workspace if workspace == "profile" else workspace
     if isinstance(ws, str):
         raise ValueError(f"workspace must be None, 'profile' or a callable, got {workspace!r}")
+    return _simulate(_program(_graph_of(fw_graph)), _program(_graph_of(bw_graph)),
+                     num_static_inputs=num_static_inputs,
+                     static_input_indices=static_input_indices, hold_outputs=hold_outputs,
+                     alignment=alignment, workspace=ws, materialized=materialized,
+                     allocator=allocator, record_steps=record_steps)
+
+
+def simulate_plan(
+    joint_graph: fx.Graph,
+    plan: CutPlan,
+    *,
+    static_input_indices: Iterable[int] | None = None,
+    alignment: int = 1,
+    workspace: WorkspaceFn | None = None,
+    allocator: str | None = None,
+    record_steps: bool = True,
+    facts: LeafFacts | None = None,
+) -> MemoryTimeline | None:
+    """``simulate_partition`` of the cut ``plan`` describes (extract.plan_cut) as the
+    partition's passes leave it (caps.finish_cut), without copying a node: the graphs are
+    the plan's joint nodes in the order the copies would have, the backward reordered like
+    ``reorder_backward``. None when the passes would change more than the order: a random
+    op both graphs run (its RNG state is threaded through, passes/rng.py). ``facts``: a memo
+    of the joint nodes' output sizes kept across the cuts of one joint (start with {})."""
+    fw_nodes = plan.fw_nodes(joint_graph)
+    bw_nodes = plan.bw_nodes(joint_graph)
+    forward = set(fw_nodes)
+    if any(n in forward and is_random(n) for n in bw_nodes):
+        return None
+    bw_inputs = list(plan.bw_inputs)
+    inputs = set(bw_inputs)
+    output = _PlanOutput(plan.bw_outputs)
+    order = _backward_order([*bw_inputs, *bw_nodes, cast(fx.Node, output)],
+                            is_input=inputs.__contains__)
+    if order is not None:
+        bw_nodes = [n for n in order[len(bw_inputs):] if n is not output]
+    return _simulate(_Program(list(plan.fw_inputs), fw_nodes, list(plan.fw_outputs)),
+                     _Program(bw_inputs, bw_nodes, list(plan.bw_outputs)),
+                     num_static_inputs=None, static_input_indices=static_input_indices,
+                     hold_outputs=True, alignment=alignment, workspace=workspace,
+                     materialized=None, allocator=allocator, record_steps=record_steps,
+                     facts=facts)
+
+
+class _PlanOutput:
+    """The backward's output node, as ``_backward_order`` reads one: the values it returns."""
+
+    op = "output"
+    target = "output"
+    users: dict[fx.Node, None] = {}
+
+    def __init__(self, outputs: Sequence[Any]) -> None:
+        self._input_nodes = dict.fromkeys(a for a in outputs if isinstance(a, fx.Node))
+
+
+def _simulate(fw: _Program, bw: _Program, *, num_static_inputs: int | None,
+              static_input_indices: Iterable[int] | None, hold_outputs: bool, alignment: int,
+              workspace: WorkspaceFn | None, materialized: Materialized | None,
+              allocator: str | None, record_steps: bool,
+              facts: LeafFacts | None = None) -> MemoryTimeline:
+    ws = workspace
     layout = _layout(fw, bw)
     mem = _Memory(alignment, allocator)
     fw_values = _forward_inputs(mem, fw, num_static_inputs, static_input_indices)
@@ -510,34 +638,37 @@ def simulate_partition(
     fw_in = [list(v) for v in fw_values]
     for value in fw_in:
         mem.hold(value)  # the forward's own variables
-    fw_out = _run_graph(mem, fw, "forward", fw_in, ws, materialized)
+    fw_out = _run_graph(mem, fw, "forward", fw_in, ws, materialized, facts)
     saved_in_fw_order = fw_out[layout.num_user_outputs:]
     _mark(fw_out[:layout.num_user_outputs], "output")
     _mark(saved_in_fw_order, "saved")
     # The one measure (sizes.saved_bytes), not the aligned buffers: every report agrees.
-    saved = saved_bytes(a for a in _output_args(fw)[layout.num_user_outputs:]
+    saved = saved_bytes(a for a in fw.outputs[layout.num_user_outputs:]
                         if isinstance(a, fx.Node))
     if not hold_outputs:
         for value in fw_out[:layout.num_user_outputs]:
             mem.drop(value)
     bw_in = _backward_inputs(mem, bw, layout.backward_saved_order(fw_out))
-    grads = _run_graph(mem, bw, "backward", bw_in, ws, materialized)
+    grads = _run_graph(mem, bw, "backward", bw_in, ws, materialized, facts)
     _mark(grads, "gradient")
+    if not record_steps:
+        return _peak_summary(mem, fw_values, saved)
     return _timeline(mem, fw_values, saved)
 
 
-def _forward_inputs(mem: _Memory, fw: fx.Graph, num_static_inputs: int | None,
+def _forward_inputs(mem: _Memory, fw: fx.Graph | _Program, num_static_inputs: int | None,
                     static_input_indices: Iterable[int] | None) -> list[_Value]:
-    placeholders = list(fw.find_nodes(op="placeholder"))
+    placeholders = _as_program(fw).placeholders
     static = _static_indices(len(placeholders), num_static_inputs, static_input_indices)
     known: dict[int, _Buffer] = {}
     return [_input_value(mem, n, "parameter" if i in static else "input", known)
             for i, n in enumerate(placeholders)]
 
 
-def _backward_inputs(mem: _Memory, bw: fx.Graph, saved: list[_Value]) -> list[_Value]:
+def _backward_inputs(mem: _Memory, bw: fx.Graph | _Program, saved: list[_Value]
+                     ) -> list[_Value]:
     """Saved values (their references move in), then tangents and seeds, allocated now."""
-    placeholders = list(bw.find_nodes(op="placeholder"))
+    placeholders = _as_program(bw).placeholders
     values = list(saved)
     known: dict[int, _Buffer] = {}
     for node in placeholders[len(saved):]:
@@ -587,6 +718,33 @@ def _timeline(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> Memory
     return MemoryTimeline(
         steps=steps, peak_bytes=peak, peak_step=peak_step,
         live_at_peak=_live_at(mem, inputs, peak_step), baseline_bytes=baseline,
+        parameter_bytes=sum(b.nbytes for b in inputs.values() if b.origin == "parameter"),
+        saved_bytes=saved_bytes, end_bytes=total, transfers=list(mem.transfers),
+        peak_expressions=peak_expressions(mem, list(inputs.values())))
+
+
+def _peak_summary(mem: _Memory, fw_values: list[_Value], saved_bytes: int) -> MemoryTimeline:
+    """``_timeline``'s peak, baseline and ends without its per-step records (the same walk:
+    allocations, then the op's workspace, then the frees)."""
+    inputs = {buf.id: buf for value in fw_values for _, buf in value}
+    baseline = sum(b.nbytes for b in inputs.values())
+    blocks = _allocator_marks(mem, inputs) if mem.allocator == "cuda" else None
+    total, peak, peak_step = baseline, baseline, 0
+    for index, raw in enumerate(mem.raw):
+        if blocks is not None:
+            high, total = baseline + blocks[index][0], baseline + blocks[index][1]
+        else:
+            allocated = sum(b.nbytes for b in raw.allocated) if raw.allocated else 0
+            high = total + allocated + raw.workspace
+            total = high - raw.workspace - (sum(b.nbytes for b in raw.freed)
+                                            if raw.freed else 0)
+        if high > peak:
+            peak, peak_step = high, index
+    from .symbolic_peak import peak_expressions
+
+    return MemoryTimeline(
+        steps=[], peak_bytes=peak, peak_step=peak_step, live_at_peak=[],
+        baseline_bytes=baseline,
         parameter_bytes=sum(b.nbytes for b in inputs.values() if b.origin == "parameter"),
         saved_bytes=saved_bytes, end_bytes=total, transfers=list(mem.transfers),
         peak_expressions=peak_expressions(mem, list(inputs.values())))
@@ -872,14 +1030,19 @@ def _op_flops(target: Any, args: Any) -> float:
     return float(formula(*args, out_val=None))
 
 
+@functools.cache
+def _split_ops() -> frozenset[Any]:
+    # Imported on first use (the chunked ops register torch ops), then a set lookup per node.
+    from . import chunked_loss, chunked_mlp
+
+    return frozenset((*chunked_loss.CHUNKED_OPS, *chunked_mlp.CHUNKED_OPS))
+
+
 def split_op_workspace(node: fx.Node) -> int:
     """``profiled_workspace`` for the split's chunked ops (their scratch, one chunk's logits or
     intermediates, is what they exist to bound), 0 for every other op: the eager model's
     workspace, which leaves the library ops of a pure fx-level model out."""
-    from . import chunked_loss, chunked_mlp
-
-    target = node.target
-    if target in chunked_loss.CHUNKED_OPS or target in chunked_mlp.CHUNKED_OPS:
+    if node.target in _split_ops():
         return profiled_workspace(node)
     return 0
 

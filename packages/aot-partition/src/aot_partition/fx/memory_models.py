@@ -69,12 +69,14 @@ class Priced:
 def price_partition(fw: fx.Graph, bw: fx.Graph, model: str, *,
                     static_input_indices: Iterable[int] | None = None,
                     owner: torch.nn.Module | None = None, alignment: int = 1,
-                    allocator: str | None = None) -> Priced:
+                    allocator: str | None = None, record_steps: bool = True) -> Priced:
     """The step's memory timeline under ``model`` (``"eager"`` or ``"inductor"``). The
     Inductor model counts what its extern kernels (convolutions, attention) allocate inside,
     measured once per op signature, on one rank; on many ranks it leaves them out, so every
     rank prices a cut the same (spmd.py: no measurement may differ between ranks).
-    ``allocator="cuda"`` counts the CUDA caching allocator's blocks (memory.simulate_partition)."""
+    ``allocator="cuda"`` counts the CUDA caching allocator's blocks (memory.simulate_partition).
+    ``record_steps=False``: the eager model keeps no per-step records (the peak only, as a
+    search needs; memory.simulate_partition)."""
     if model == "inductor":
         from .spmd import multi_rank
 
@@ -89,10 +91,12 @@ def price_partition(fw: fx.Graph, bw: fx.Graph, model: str, *,
             warnings.warn(message, MemoryModelFallbackWarning, stacklevel=2)
             return Priced(memory.simulate_partition(
                 fw, bw, static_input_indices=static_input_indices, alignment=alignment,
-                allocator=allocator, workspace=memory.split_op_workspace), "eager", reason)
+                allocator=allocator, workspace=memory.split_op_workspace,
+                record_steps=record_steps), "eager", reason)
     if model != "eager":
         raise ValueError(f"price_partition: model must be 'eager' or 'inductor', got {model!r}")
     # The split's chunked ops hold one chunk's logits or intermediates inside: counted.
     return Priced(memory.simulate_partition(fw, bw, static_input_indices=static_input_indices,
                                             alignment=alignment, allocator=allocator,
-                                            workspace=memory.split_op_workspace), "eager")
+                                            workspace=memory.split_op_workspace,
+                                            record_steps=record_steps), "eager")

@@ -51,6 +51,8 @@ def size_hint(value: int | torch.SymInt) -> int:
     """A concrete integer for a possibly symbolic size, without adding guards: the hint of a
     backed symbol, ``UNBACKED_FALLBACK`` for an unbacked one (as torch's optimization hints
     combine them in expressions)."""
+    if type(value) is int:  # static: its own hint (called for every buffer a cut simulates)
+        return value
     return int(optimization_hint(value, fallback=UNBACKED_FALLBACK))
 
 

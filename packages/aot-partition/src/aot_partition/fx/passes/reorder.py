@@ -9,6 +9,7 @@ recomputed ops it needs, which keeps recomputed values short-lived.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
@@ -16,20 +17,28 @@ import torch.fx as fx
 from ..joint import is_tangent
 
 
-def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
+def _is_placeholder(node: fx.Node) -> bool:
+    return node.op == "placeholder"
+
+
+def _backward_order(nodes: list[fx.Node],
+                    is_input: Callable[[fx.Node], bool] = _is_placeholder
+                    ) -> list[fx.Node] | None:
     """The new node order (placeholders first), or None when nothing reads the tangents.
 
     Nodes before the first tangent user that nothing after it needs are left out.
+    ``is_input``: which nodes are the graph's inputs (default: its placeholders; a plan of
+    joint nodes names its own, memory.simulate_plan). Users outside ``nodes`` are ignored.
     """
     order = {node: i for i, node in enumerate(nodes)}
-    first_bw = min((user for t in nodes if is_tangent(t) for user in t.users),
+    first_bw = min((user for t in nodes if is_tangent(t) for user in t.users if user in order),
                    key=order.__getitem__, default=None)
     if first_bw is None:
         return None
     placed: set[fx.Node] = set()
     new_order: list[fx.Node] = []
     for node in nodes:
-        if node.op == "placeholder":
+        if is_input(node):
             placed.add(node)
             new_order.append(node)
 
@@ -48,7 +57,8 @@ def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
     start = order[first_bw]
     # In-place copies (input mutations) may not read the tangents; keep them.
     for node in nodes[:start]:
-        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default:
+        if (node.op == "call_function" and node.target is torch.ops.aten.copy_.default
+                and not is_input(node)):
             place_with_dependencies(node)
     for node in nodes[start:]:
         if node not in placed and placed.issuperset(node._input_nodes):
@@ -56,19 +66,22 @@ def _backward_order(nodes: list[fx.Node]) -> list[fx.Node] | None:
             new_order.append(node)
         else:
             place_with_dependencies(node)
-    return _getitems_after_their_tuple(new_order)
+    return _getitems_after_their_tuple(new_order, is_input)
 
 
-def _getitems_after_their_tuple(new_order: list[fx.Node]) -> list[fx.Node]:
+def _getitems_after_their_tuple(new_order: list[fx.Node],
+                                is_input: Callable[[fx.Node], bool] = _is_placeholder
+                                ) -> list[fx.Node]:
     """``new_order`` with each ``getitem`` moved up to right after the node whose tuple it
     reads. A recomputed multi-output op (``native_layer_norm``) may have one output read at
     once and the others only much later; until its last ``getitem`` runs, the tuple holds
     every output alive (in the generated code, and in memory.py's model), so taking them all
     at once frees an output after its own last use. A ``getitem`` allocates nothing."""
     kept = set(new_order)
-    getitems = {node: [u for u in node.users if u.target is operator.getitem and u in kept]
+    getitems = {node: [u for u in node.users if u.target is operator.getitem and u in kept
+                       and not is_input(u)]
                 for node in new_order
-                if node.op == "call_function"
+                if node.op == "call_function" and not is_input(node)
                 and any(u.target is operator.getitem for u in node.users)}
     if not getitems:
         return new_order
