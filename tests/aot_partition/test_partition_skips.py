@@ -147,17 +147,21 @@ def partition(joint, budget: float):
                                  memory_budget=budget, config=PartitionConfig())
 
 
-def test_checked_cut_is_not_extracted_again(gpt_joint, monkeypatch):
+def test_checked_cuts_are_simulated_on_plans_and_the_chosen_one_planned_once(gpt_joint,
+                                                                              monkeypatch):
     fw, bw, report = partition(gpt_joint, 0.4)  # the reference check simulates distinct cuts
     assert report.reference_check is not None and not report.reference_check.same_cut
     simulated = len(report.reference_check.scores)
-    calls = count_extractions(monkeypatch)
-    fw_taken, bw_taken, _ = partition(gpt_joint, 0.4)
-    assert calls[0] == simulated  # one per simulated cut; the chosen one's graphs are reused
-    monkeypatch.setattr(caps.SimulatedPeak, "take_graphs", lambda self, saved: None)
+    extractions = count_extractions(monkeypatch)
+    plans = count_calls(monkeypatch, caps, "plan_cut")
+    fw_planned, bw_planned, _ = partition(gpt_joint, 0.4)
+    # No simulated cut is extracted; the chosen one is, once, from the plan simulated.
+    assert (extractions[0], plans[0]) == (1, simulated)
+    monkeypatch.setattr(caps.SimulatedPeak, "plan", lambda self, saved: None)
     fw_again, bw_again, _ = partition(gpt_joint, 0.4)
-    assert calls[0] == 2 * simulated + 1
-    assert (fw_taken.code, bw_taken.code) == (fw_again.code, bw_again.code) == (fw.code, bw.code)
+    assert (extractions[0], plans[0]) == (2, 2 * simulated)  # extraction plans it itself
+    assert (fw_planned.code, bw_planned.code) == (fw_again.code, bw_again.code) == (fw.code,
+                                                                                    bw.code)
 
 
 def test_unsimulated_cut_is_extracted(gpt_joint, monkeypatch):
@@ -182,9 +186,9 @@ def test_node_estimates_reuse_a_copy_and_not_another_op(monkeypatch):
     calls: list[str] = []
     estimate = caps.estimate_runtime
 
-    def counting(node, estimator=None):
+    def counting(node, estimator=None, **kwargs):
         calls.append(node.name)
-        return estimate(node, estimator)
+        return estimate(node, estimator, **kwargs)
 
     monkeypatch.setattr(caps, "estimate_runtime", counting)
     estimates = caps.NodeEstimates("flops")
