@@ -308,7 +308,8 @@ of 3; torch's `min_cut_rematerialization_partition` runs in the same process on 
 interleaved with ours. Both use their defaults (ours: `roofline` estimator with the reference
 check). Joints: tests/zoo.py (captured with `aot_module`), the real models of
 tests/aot_pipeline/test_real_models.py (the joints `torch.compile(backend="aot_pipeline")` hands
-the partitioner; `#i` = i-th graph of a model with graph breaks) and GPT-32 (5,062 nodes).
+the partitioner; `#i` = i-th graph of a model with graph breaks), GPT-32 (5,062 nodes) and
+gpt-matmul-12 (the built-in GPT at 12 layers, attention as matmuls, 1,922 nodes).
 Ratio = torch ms / ours ms (below 1: ours is slower). Slowest ratio first. Raw rows:
 `RESULTS-partition-fresh.json`.
 """

@@ -80,19 +80,24 @@ def whole_step(model: Model) -> Callable[..., torch.Tensor]:
     return step
 
 
-def torchtune_step(model: Model, chunks: int) -> Callable[..., torch.Tensor]:
+def torchtune_loss(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, t: torch.Tensor,
+                   chunks: int) -> torch.Tensor:
     """torchtune's chunked output and loss: each chunk's logits under activation
-    checkpointing, the sum of the chunk losses over the tokens not ignored."""
-    def chunk_loss(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, model.gpt.head.weight, model.gpt.head.bias).float()
-        return F.cross_entropy(logits, t, reduction="sum")
+    checkpointing, the sum of the chunk losses over the tokens not ignored. ``h``: [tokens,
+    dim]; ``t``: [tokens]."""
+    def chunk_loss(hc: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hc, w, b).float()
+        return F.cross_entropy(logits, tc, reduction="sum")
 
+    total = sum(checkpoint(chunk_loss, hc, tc, use_reentrant=False)
+                for hc, tc in zip(h.chunk(chunks), t.chunk(chunks)))
+    return total / (t != -100).sum()
+
+
+def torchtune_step(model: Model, chunks: int) -> Callable[..., torch.Tensor]:
     def step(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        h = model.hidden(ids).flatten(0, 1)
-        t = labels.flatten()
-        total = sum(checkpoint(chunk_loss, hc, tc, use_reentrant=False)
-                    for hc, tc in zip(h.chunk(chunks), t.chunk(chunks)))
-        return total / (t != -100).sum()
+        return torchtune_loss(model.hidden(ids).flatten(0, 1), model.gpt.head.weight,
+                              model.gpt.head.bias, labels.flatten(), chunks)
     return step
 
 
@@ -101,12 +106,12 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     and bias computed chunk by chunk in the forward; the backward scales them."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor, t: torch.Tensor,
-                chunks: int) -> torch.Tensor:
+    def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                t: torch.Tensor, chunks: int) -> torch.Tensor:
         count = (t != -100).sum()
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros_like(w)
-        grad_b = torch.zeros_like(b)
+        grad_b = torch.zeros_like(b) if b is not None else None
         total = h.new_zeros((), dtype=torch.float32)
         size = -(-h.shape[0] // chunks)
         for start in range(0, h.shape[0], size):
@@ -121,21 +126,29 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             g = (g * (kept[:, None] / count)).to(h.dtype)
             grad_h[start:start + size] = g @ w
             grad_w += g.t() @ hc
-            grad_b += g.sum(0)
+            if grad_b is not None:
+                grad_b += g.sum(0)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         return total / count
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        return grad_h * grad, grad_w * grad, grad_b * grad, None, None
+        return (grad_h * grad, grad_w * grad, None if grad_b is None else grad_b * grad,
+                None, None)
+
+
+def liger_loss(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, t: torch.Tensor,
+               chunks: int) -> torch.Tensor:
+    """Liger-style fused linear cross-entropy (``_FusedLinearCrossEntropy``); ``h``: [tokens,
+    dim]; ``t``: [tokens]."""
+    return _FusedLinearCrossEntropy.apply(h, w, b, t, chunks)
 
 
 def liger_step(model: Model, chunks: int) -> Callable[..., torch.Tensor]:
     def step(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        h = model.hidden(ids).flatten(0, 1)
-        return _FusedLinearCrossEntropy.apply(h, model.gpt.head.weight, model.gpt.head.bias,
-                                              labels.flatten(), chunks)
+        return liger_loss(model.hidden(ids).flatten(0, 1), model.gpt.head.weight,
+                          model.gpt.head.bias, labels.flatten(), chunks)
     return step
 
 

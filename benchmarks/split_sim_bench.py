@@ -11,6 +11,8 @@ nothing computed), partitioned, and scored by
   each chunk's logits and the weight-sized traffic every chunk repeats).
 
 Rows: ``inductor@1.0`` (torch's partitioner), ``torch@0.5``, ``torch@0.0``, ``ours@0.5``,
+with ``--baselines N`` the hand-chunked baselines of ``split_bench.py`` (torchtune-style,
+liger-style) in N chunks under torch's partitioner at 1.0 and 0.5,
 ``ours split=N`` at budget 1.0 (gradients made in the forward) and at 0.5, and with
 ``--cap-share`` the partitioner's cut under a peak cap (the N whose 0.5 row is fastest).
 Models: GPT-2 size (vocab 50,304, d 768, 12 layers, 8 x 1024 tokens), Llama-style (d 1024,
@@ -82,12 +84,16 @@ def _hidden(module: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def trace(kind: str, spec: dict[str, Any], batch: int, chunks: int | None,
-          sdpa: bool = False) -> tuple[fx.GraphModule, list[Any], int, list[int]]:
+          sdpa: bool = False, style: str = "split"
+          ) -> tuple[fx.GraphModule, list[Any], int, list[int]]:
     """The step's joint (loss in fp32 inside), traced on fake CPU tensors in bf16; ``sdpa``:
-    every attention through scaled_dot_product_attention (a Llama as trained)."""
+    every attention through scaled_dot_product_attention (a Llama as trained). With
+    ``chunks``, the head and loss in that many chunks: ``style`` "split" (our chunked op),
+    "torchtune" or "liger" (the hand-chunked baselines of split_bench.py, in plain ops)."""
     from aot_partition.fx import chunked_loss  # noqa: F401 - registers the ops
     from aot_pipeline import models
     from functorch.compile import aot_function, default_partition, make_boxed_func
+    from split_bench import liger_loss, torchtune_loss
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     record: dict[str, Any] = {}
@@ -124,10 +130,14 @@ def trace(kind: str, spec: dict[str, Any], batch: int, chunks: int | None,
             if chunks is None:
                 logits = F.linear(h, head_w, head_b).float()
                 return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            if style in BASELINES:
+                return BASELINES[style](h.flatten(0, 1), head_w, head_b, labels.flatten(),
+                                        chunks)
             return torch.ops.aot_partition.linear_cross_entropy_with_grads(
                 h.flatten(0, 1), head_w, head_b, labels.flatten(), -100, "mean", 0.0,
                 "float32", chunks)[0]
 
+        BASELINES = {"torchtune": torchtune_loss, "liger": liger_loss}
         aot_function(step, fw_compiler=boxed, bw_compiler=boxed,
                      partition_fn=recording)(params, ids, labels)
     joint, inputs, num_fwd_outputs = record["joint"]
@@ -180,8 +190,25 @@ def score(fw: Any, bw: Any, static: list[int], baseline: list[int] | None = None
     return timeline.peak_above_baseline / MIB, seconds * 1e3
 
 
+def baseline_rows(name: str, kind: str, spec: dict[str, Any], batch: int,
+                  chunks: int) -> list[Row]:
+    """The hand-chunked baselines as a user compiling them with Inductor runs them: torch's
+    partitioner at budget 1.0 (the default) and at 0.5."""
+    rows = []
+    for style in ("torchtune", "liger"):
+        joint = trace(kind, spec, batch, chunks, style=style)
+        for fraction in (1.0, 0.5):
+            start = time.perf_counter()
+            peak, ms = score(*partition(*joint, "torch", fraction), joint[3])
+            rows.append(Row(name, f"{style}-style {chunks}, torch@{fraction}", peak, ms,
+                            time.perf_counter() - start))
+            print(rows[-1], file=sys.stderr)
+    return rows
+
+
 def run_model(name: str, kind: str, spec: dict[str, Any], batch: int,
-              chunks: tuple[int, ...], cap_share: float | None = None) -> list[Row]:
+              chunks: tuple[int, ...], cap_share: float | None = None,
+              baselines: int | None = None, only_baselines: bool = False) -> list[Row]:
     rows = []
     whole = trace(kind, spec, batch, None)
     baseline: list[int] = []
@@ -191,6 +218,10 @@ def run_model(name: str, kind: str, spec: dict[str, Any], batch: int,
         peak, ms = score(*partition(*whole, who, fraction), whole[3], baseline)
         rows.append(Row(name, variant, peak, ms, time.perf_counter() - start))
         print(rows[-1], file=sys.stderr)
+    if baselines:
+        rows += baseline_rows(name, kind, spec, batch, baselines)
+    if only_baselines:
+        return rows
     at_half: dict[int, tuple[Any, Row]] = {}
     for k in chunks:
         start = time.perf_counter()
@@ -244,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap-share", type=float, default=None,
                         help="also the split under a peak cap at this share of torch@0.5's "
                              "peak, the planner choosing the cut (Inductor-priced: slow)")
+    parser.add_argument("--baselines", type=int, default=None, metavar="CHUNKS",
+                        help="also the hand-chunked baselines (torchtune-style, liger-style) "
+                             "in this many chunks, partitioned by torch at 1.0 and 0.5")
+    parser.add_argument("--only-baselines", action="store_true",
+                        help="with --baselines: the reference rows and the baselines only")
     args = parser.parse_args(argv)
     from aot_partition.fx import roofline
 
@@ -255,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "date": datetime.date.today().isoformat()}
     os.makedirs(args.out, exist_ok=True)
     for name, (kind, spec, batch) in models.items():
-        rows += run_model(name, kind, spec, batch, chunks, args.cap_share)
+        rows += run_model(name, kind, spec, batch, chunks, args.cap_share, args.baselines,
+                          args.only_baselines)
         text = markdown(rows, meta)
         with open(os.path.join(args.out, "split_sim_bench.md"), "w") as f:
             f.write(text)
