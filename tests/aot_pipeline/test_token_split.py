@@ -221,6 +221,45 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds()
             assert measured.peak_bytes < 0.7 * base.peak_bytes
 
 
+@pytest.mark.parametrize("share", [None, 0.9])
+def test_auto_under_a_peak_cap_compiles_transformers_gpt2_whose_joint_holds_tensor_constants(
+        share):
+    """Under a peak cap "auto" probes the whole graph, keeping a copy of each joint to price its
+    uncapped cut; GPT-2's joint holds real tensor constants, which a copy made inside the
+    compile's fake mode cannot clone (it crashed every capped GPT-2 compile). An ample cap:
+    whole; a cap at 90% of the uncapped peak, met by recomputing more than uncapped: the kept
+    joints are partitioned again to price that, and the split is compared; both equal eager.
+    ``use_cache`` is left at transformers' default (True): the cache's tensors are the
+    constants."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=80, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+    model.loss_type = "ForCausalLM"
+    eager = copy.deepcopy(model)
+    ids, labels = _batch(80, 2, 24)
+
+    def call(module):
+        return lambda ids, labels: module(input_ids=ids, labels=labels).loss
+
+    torch._dynamo.reset()
+    if share is None:
+        budget = f"{10**12}B peak"
+    else:
+        whole = aot_pipeline.compile(call(copy.deepcopy(model)))
+        whole(ids, labels).backward()
+        peak = measure_peak(lambda: whole(ids, labels).backward()).peak_bytes
+        inputs = sum(p.numel() * 4 for p in model.parameters()) + ids.numel() * 8 * 2
+        budget = f"{inputs + int(share * peak)}B peak"
+        torch._dynamo.reset()
+    compiled = aot_pipeline.compile(call(model), memory_budget=budget)
+    _compare(model, eager, compiled, call(eager), (ids, labels), rtol=1e-4, atol=1e-6)
+    if share is None:
+        assert compiled.recorder.splits == []
+    assert compiled.recorder.partitions
+
+
 def test_auto_splits_the_mlp_too_when_no_split_of_the_loss_fits_and_the_measured_peak_holds():
     """A Llama block whose SwiGLU intermediates (512 tokens x 512, fp32) make the peak and whose
     loss (vocab 64) is small: under a cap at 60% of the uncapped peak neither recompute nor the

@@ -50,7 +50,13 @@ class PartitionRecorder:
 
     def record_joint(self, joint: fx.GraphModule, inputs: Any, kwargs: dict[str, Any]) -> None:
         if self.keep_joints:
-            self.joints.append(RecordedJoint(copy.deepcopy(joint), list(inputs), dict(kwargs)))
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            # Outside the compile's fake mode: a joint may hold real tensor constants
+            # (transformers' GPT-2 does), which a copy under it cannot clone.
+            with unset_fake_temporarily():
+                kept = copy.deepcopy(joint)
+            self.joints.append(RecordedJoint(kept, list(inputs), dict(kwargs)))
 
     def record_forward(self, forward: fx.GraphModule, backward: fx.GraphModule | None = None,
                        num_fwd_outputs: int | None = None) -> None:
