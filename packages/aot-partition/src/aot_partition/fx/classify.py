@@ -245,12 +245,13 @@ def classify(
 def distances_from_backward(nodes: list[fx.Node], required_fw: set[fx.Node]) -> dict[fx.Node, int]:
     """Hops from each forward node to its nearest user outside the forward (0 outside it)."""
     dist: dict[fx.Node, int] = {}
+    hops_of = dist.__getitem__
     for node in reversed(nodes):
         if node.op == "output":
             dist[node] = FAR_FROM_BACKWARD
         elif node not in required_fw:
             dist[node] = 0
-        else:
-            dist[node] = min((dist[u] + 1 for u in node.users), default=FAR_FROM_BACKWARD)
-            dist[node] = min(dist[node], FAR_FROM_BACKWARD)
+        else:  # one more than its nearest user's; FAR_FROM_BACKWARD without users, and at most
+            nearest = min(map(hops_of, node.users), default=FAR_FROM_BACKWARD - 1)
+            dist[node] = min(nearest + 1, FAR_FROM_BACKWARD)
     return dist

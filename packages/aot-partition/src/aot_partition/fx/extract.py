@@ -58,7 +58,7 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
-        placeholder = graph.placeholder(node.name)
+        placeholder = _placeholder(graph, node.name)
         # An fx node can become a placeholder: no node_copy. The meta is shared, as torch
         # shares it; object.__setattr__ skips Node.__setattr__'s find-nodes table update,
         # which the meta does not key (see _copy_node).
@@ -82,6 +82,15 @@ def extract_subgraph(joint_graph: fx.Graph, inputs: Sequence[fx.Node], outputs: 
     if output_descs is not None and all(d is not None for d in output_descs):
         output.meta["desc"] = list(output_descs)
     return graph
+
+
+def _placeholder(graph: fx.Graph, name: str) -> fx.Node:
+    """``graph.placeholder(name)``. That derives the node's name from ``name`` by snake-casing
+    it (magic names lose their underscores), which leaves a lower-case name as it is: such a
+    name is handed over directly (AOTAutograd's ``primals_1``, ``tangents_1``)."""
+    if name.islower() and not (name.startswith("__") and name.endswith("__")):
+        return graph.create_node("placeholder", name, name=name)
+    return graph.placeholder(name)
 
 
 def _copy_node(graph: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node]) -> fx.Node:

@@ -14,7 +14,7 @@ checks that on each.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -93,6 +93,21 @@ def is_random(node: fx.Node) -> bool:
             and not _dropout_p_is_zero(node))
 
 
+def random_calls(nodes: Iterable[fx.Node]) -> Iterator[fx.Node]:
+    """The nodes of ``nodes`` that ``is_random``, each op's tags read once per walk (reading
+    them costs more than the rest of the test; the walk's graph keeps the targets' ids)."""
+    seeded: dict[int, bool] = {}
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        verdict = seeded.get(id(target))
+        if verdict is None:
+            verdict = seeded[id(target)] = is_seeded_target(target)
+        if verdict and not _dropout_p_is_zero(node):
+            yield node
+
+
 def is_seeded_target(target: Any) -> bool:
     """Whether ``target`` is tagged ``nondeterministic_seeded`` (it may draw from the RNG).
 
@@ -151,9 +166,9 @@ def check_topological_order(graph: fx.Graph) -> None:
     """Raise GraphCycleError naming the first node that reads a later one (and the cycle)."""
     seen: set[fx.Node] = set()
     for node in graph.nodes:
-        for arg in node._input_nodes:
-            if arg not in seen:
-                raise GraphCycleError(node.name, arg.name, _cycle_through(node, arg))
+        if not seen.issuperset(node._input_nodes):  # one C call per node when in order
+            arg = next(a for a in node._input_nodes if a not in seen)
+            raise GraphCycleError(node.name, arg.name, _cycle_through(node, arg))
         seen.add(node)
 
 

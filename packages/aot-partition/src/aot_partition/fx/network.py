@@ -38,7 +38,7 @@ from .joint import aten_packet, is_bwd_seed_offset, is_fwd_seed_offset, is_rando
 from .passes.recompute_tags import RECOMPUTE_POLICIES, must_save
 from .passes.rng import replay_obstacle
 from .prepare import prepared_joint
-from .sizes import is_opaque_value, node_nbytes, tensor_nbytes
+from .sizes import is_opaque_value, node_nbytes, size_hint
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,8 @@ def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
     input_positions: list[list[int]] | None = []
     new_node = CoreNode.unchecked_from
     getitem, tensor, symfloat_type = operator.getitem, torch.Tensor, torch.SymFloat
+    # C-level maps over each node's inputs (a comprehension is a call of its own in 3.11)
+    position_of, name_of = positions.__getitem__, operator.attrgetter("name")
     for position, node in enumerate(nodes):
         positions[node] = position
         meta = node.meta
@@ -167,12 +169,13 @@ def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
                 facts = facts_by_target[id(node.target)] = _facts_of(node, ctx)
         else:
             facts = _NOT_A_CALL
-        symbolic = isinstance(val, py_sym_types)  # is_sym_node, on the value in hand
+        is_tensor = isinstance(val, tensor)
+        symbolic = not is_tensor and isinstance(val, py_sym_types)  # is_sym_node
         if op == "placeholder":
             category = _placeholder_category(node, ctx)
         else:
             category = "symbolic" if symbolic else facts.category
-        symfloat = isinstance(val, symfloat_type)
+        symfloat = symbolic and isinstance(val, symfloat_type)
         exempt_node = annotated_recompute or category == "view" or symfloat  # not can_be_banned
         if symfloat:
             never_banned.append(node.name)
@@ -181,7 +184,8 @@ def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
         plain_call = is_call and node.target is not getitem
         ban = None
         if not (in_backward or recompute or exempt_node):
-            if is_opaque_value(val) and category not in ("input", "parameter", "seed"):
+            if (not is_tensor and is_opaque_value(val)
+                    and category not in ("input", "parameter", "seed")):
                 ban = OPAQUE_BAN
             elif forward and plain_call:
                 if must_save(node):
@@ -191,19 +195,23 @@ def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
         read = node._input_nodes  # all_input_nodes without its list copy (see joint.py)
         if input_positions is not None:
             try:
-                input_positions.append([positions[a] for a in read])
+                input_positions.append(list(map(position_of, read)))
             except KeyError:  # an input after its reader: the core finds it by id (and checks)
                 input_positions = None
-        if isinstance(val, tensor):
-            nbytes = tensor_nbytes(val)
+        if is_tensor:  # sizes.tensor_nbytes, inline
+            numel = val.numel()
+            nbytes = (numel if type(numel) is int else size_hint(numel)) * val.dtype.itemsize
+            saveable = True
         elif symbolic:
             nbytes = 4 if symfloat else 1  # sym_node_size
+            saveable = True
         else:
             nbytes = _other_nbytes(node, val)
+            saveable = _saveable(val)
         # Valid by construction (names unique, categories known, sizes >= 0): no checks.
         core_nodes.append(new_node({
             "id": node.name,
-            "inputs": tuple([a.name for a in read]),
+            "inputs": tuple(map(name_of, read)),
             "nbytes": nbytes,
             "category": category,
             "forward": forward,
@@ -214,7 +222,7 @@ def describe(joint_graph: fx.Graph, ctx: PolicyContext) -> FxDescription:
             "allow_recompute": category == "random" or exempt_node,
             "must_recompute": recompute,
             "save_cost": None,
-            "saveable": _saveable(val),
+            "saveable": saveable,
             "ban": ban,
             "op": facts.op,
             "fusible": facts.fusible,

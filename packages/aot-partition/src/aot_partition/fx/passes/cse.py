@@ -235,41 +235,73 @@ def merge_common_subexpressions(
     so that the graph computes the merged result with no node erased. ``undo`` restores
     the original graph exactly, so a partitioner can merge the joint graph a caller hands
     it and give it back with its generated code still matching, without regenerating it.
+
+    Two nodes merge only if they call the same target on the same input nodes (after
+    merging), so a node's full key (its arguments frozen, its annotations) is built only
+    once a second node with that target and those inputs turns up; most nodes have none.
     """
     aliases_output = _AliasesOutput(graph)
     merged = MergedSubexpressions()
     env: dict[fx.Node, fx.Node] = {}
     seen: dict[Any, fx.Node] = {}
+    # (target token, input nodes after merging) -> the first such node and its epoch, until
+    # a second one comes (then None: its key is in ``seen``).
+    pending: dict[tuple[Any, ...], tuple[fx.Node, int] | None] = {}
     verdicts: dict[int, tuple[bool, bool]] = {}
     target_token = _TargetTokens()
+    detached = merged.detached
     epoch = 0
+
+    def key_of(node: fx.Node, epoch: int) -> tuple[Any, ...] | None:
+        kwargs = node.kwargs
+        try:
+            key = (target_token(node.target), _freeze_args(node.args, env),
+                   _freeze(kwargs, env) if kwargs else _NO_KWARGS,
+                   node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
+                   _region(node), keep_apart(node) if keep_apart is not None else None)
+            hash(key)
+        except TypeError:  # unhashable constant argument: leave the node alone
+            return None
+        return key
+
     for node in graph.nodes:
         env[node] = node
+        inputs = node._input_nodes
+        rewired = bool(detached) and not detached.isdisjoint(inputs)
         if node.op != "call_function" or _unmergeable(node, verdicts):
             epoch += node.op == "call_function" and _is_mutating(node)
         else:
-            key: tuple[Any, ...] | None
             try:
-                kwargs = node.kwargs
-                key = (target_token(node.target), _freeze_args(node.args, env),
-                       _freeze(kwargs, env) if kwargs else _NO_KWARGS,
-                       node.meta.get("recompute"), node.meta.get("ac_graph_id"), epoch,
-                       _region(node), keep_apart(node) if keep_apart is not None else None)
-                first = seen.get(key)
-            except TypeError:  # unhashable constant argument: leave the node alone
-                key = first = None
-            # Merging values that alias graph outputs would change the outputs' aliasing:
-            # such a node neither merges nor is merged into.
-            if first is not None and not aliases_output(node):
-                if not aliases_output(first):
-                    env[node] = first
-                    merged.detach(node, first)
-                    continue
-                seen[key] = node
-            elif first is None and key is not None:
-                seen[key] = node
+                token = target_token(node.target)
+            except TypeError:  # an unhashable target: never merged
+                token = None
+            if token is not None:
+                mapped = (tuple(dict.fromkeys([env[a] for a in inputs])) if rewired
+                          else tuple(inputs))
+                candidates = (token, mapped)
+                if candidates not in pending:
+                    pending[candidates] = (node, epoch)
+                else:
+                    first_seen = pending[candidates]
+                    if first_seen is not None:  # the first of these: keyed now, as then
+                        pending[candidates] = None
+                        first_key = key_of(*first_seen)
+                        if first_key is not None:
+                            seen[first_key] = first_seen[0]
+                    key = key_of(node, epoch)
+                    first = seen.get(key) if key is not None else None
+                    # Merging values that alias graph outputs would change the outputs'
+                    # aliasing: such a node neither merges nor is merged into.
+                    if first is not None and not aliases_output(node):
+                        if not aliases_output(first):
+                            env[node] = first
+                            merged.detach(node, first)
+                            continue
+                        seen[key] = node
+                    elif first is None and key is not None:
+                        seen[key] = node
         # Only the detached duplicates map to another node in env.
-        if merged.duplicates and not merged.detached.isdisjoint(node._input_nodes):
+        if rewired:
             merged.rewire(node, fx.map_arg(node.args, env.__getitem__),
                           fx.map_arg(node.kwargs, env.__getitem__))
     return merged

@@ -27,7 +27,11 @@ def must_save(node: fx.Node) -> bool:
 
 
 def has_recomputable_ops(graph: fx.Graph) -> bool:
-    return any(must_recompute(n) for n in graph.nodes)
+    """Whether any node ``must_recompute`` (asked of every joint before each partition)."""
+    for node in graph.nodes:
+        if node.meta.get("recompute") in RECOMPUTE_POLICIES:
+            return True
+    return False
 
 
 def _is_item_of_region_op(node: fx.Node) -> bool:

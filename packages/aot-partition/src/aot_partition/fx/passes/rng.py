@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from .._compat import saved_output_desc_type, saved_output_descs
-from ..joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from ..joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent, random_calls
 from ..sizes import is_opaque
 from .rng_ops import register_inductor_fallbacks, run_and_save_rng_state, run_with_rng_state
 
@@ -75,7 +75,9 @@ def _sample_rng_state(device: torch.device) -> torch.Tensor:
 def recomputed_random_ops(fw_graph: fx.Graph, bw_graph: fx.Graph
                           ) -> list[tuple[fx.Node, fx.Node]]:
     """(forward node, backward node) of each random op both graphs run, in forward order."""
-    bw_random = {n.name: n for n in bw_graph.nodes if is_random(n)}
+    bw_random = {n.name: n for n in random_calls(bw_graph.nodes)}
+    if not bw_random:
+        return []
     return [(n, bw_random[n.name]) for n in fw_graph.nodes
             if n.name in bw_random and is_random(n)]
 
