@@ -9,9 +9,9 @@ on CPU the peak is rebuilt from the profiler's allocation events, on CUDA it is
 
 Predicted, side by side, from the partition's own forward and backward graphs (copied as the
 partitioner returned them, before Inductor compiles them):
-- ``inductor``: ``aot_partition.fx.inductor_memory``, the buffers Inductor's compiled graphs
+- ``inductor``: ``aot_partition.memory_models.inductor``, the buffers Inductor's compiled graphs
   allocate (what prices a peak cap under Inductor);
-- ``eager``: ``aot_partition.fx.memory.simulate_partition``, every FX value materialized (the
+- ``eager``: ``aot_partition.memory_models.simulator.simulate_partition``, every FX value materialized (the
   model of compilers that run the graphs as they are; an upper bound here).
 
 Writes ``benchmarks/out/compiled_memory_bench.json`` and ``.md`` (``benchmarks/out/`` is
@@ -227,8 +227,8 @@ def run_cell(name: str, cell: str, budget: float | str, device: str,
              cap: int | None = None) -> Row:
     import aot_pipeline
     from aot_partition import UnreachableMemoryBudgetError
-    from aot_partition.fx.inductor_memory import simulate_compiled_partition
-    from aot_partition.fx.memory import measure_peak, simulate_partition
+    from aot_partition.memory_models.inductor import simulate_compiled_partition
+    from aot_partition.memory_models.simulator import measure_peak, simulate_partition
 
     torch._dynamo.reset()
     built = MODELS[name](device)
@@ -325,7 +325,7 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
         "error = (predicted - measured) / measured. Caps are absolute (inputs included): "
         "the inputs plus 85% / 60% of the predicted peak at budget 1.0."
         + (" On CUDA both models count the caching allocator's blocks "
-           "(fx/caching_allocator.py); `requested` is the measured peak of the bytes asked "
+           "(memory_models/caching_allocator.py); `requested` is the measured peak of the bytes asked "
            "for (`requested_bytes`), and the last two columns the Inductor model with "
            "512-byte rounding only." if cuda else ""),
         "",

@@ -117,8 +117,8 @@ def gpt32_core_graphs() -> tuple[list[dict], list[dict]]:
     from dataclasses import replace
 
     from aot_partition.config import MinCutOptions, PartitionConfig
+    from aot_partition.costs.estimators import roofline_runtime
     from aot_partition.fx.classify import classify, default_op_types
-    from aot_partition.fx.estimators import roofline_runtime
     from aot_partition.fx.network import fx_core_graph
     from aot_partition.fx.policy import PolicyContext
     from aot_partition.fx.prepare import prepared_joint

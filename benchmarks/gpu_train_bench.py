@@ -33,7 +33,7 @@ vocab 50304, seq 1024, batch 8, SDPA); ``llama``, a transformers ``LlamaForCausa
 Each row: first-step seconds (compile included), median step ms, peak step memory above what was
 allocated before the step (CUDA: ``max_memory_allocated``; CPU: the profiler's allocation events
 of one more step), for our variants the peak the compiled-program memory model predicted from
-the partition (``aot_partition.fx.inductor_memory``), the largest relative difference of
+the partition (``aot_partition.memory_models.inductor``), the largest relative difference of
 the step losses from eager's, and the captures counted by compiled autograd.
 
     uv run python benchmarks/gpu_train_bench.py --device cuda            # all, one table
@@ -227,7 +227,7 @@ def predicted_peak(partitions: list[tuple[Any, Any]], device: Any) -> int | None
     caching allocator's blocks on CUDA."""
     if len(partitions) != 1:
         return None
-    from aot_partition.fx.inductor_memory import simulate_compiled_partition
+    from aot_partition.memory_models.inductor import simulate_compiled_partition
 
     allocator = "cuda" if device.type == "cuda" else None
     return simulate_compiled_partition(*partitions[0], allocator=allocator).peak_above_baseline
@@ -330,7 +330,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
                 peaks.append(torch.cuda.max_memory_allocated(device) - before)
     timed = times[args.warmup:] or times
     if device.type != "cuda":  # the CPU's peak: the profiler's allocation events, one step
-        from aot_partition.fx.memory import measure_peak
+        from aot_partition.memory_models.simulator import measure_peak
 
         idx, targets = data[-1]
         with variant.patch:

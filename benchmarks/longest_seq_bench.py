@@ -5,7 +5,7 @@ shapes (hidden 4096, 32 layers, 32 heads, 8 KV heads, SwiGLU 14336, vocab 128,25
 RoPE; attention by SDPA with GQA) is built under a FakeTensorMode (no memory), batch 1, bf16
 weights, and its training step (forward, the loss in fp32, backward) traced by AOTAutograd at
 one STATIC sequence length. The joint graph is partitioned by the variant and both graphs are
-lowered by the compiled-program memory model (``aot_partition.fx.inductor_memory``: Inductor's
+lowered by the compiled-program memory model (``aot_partition.memory_models.inductor``: Inductor's
 own lowering, fusion and memory plan; Inductor's CPU lowering, since a GPU's needs a GPU). The
 whole 32-layer step is modelled at that length: nothing is extrapolated from fewer layers and
 nothing is replayed at another length (a program lowered at one length and replayed at another
@@ -50,7 +50,7 @@ What one step holds (``total``):
 ``decomposition_check`` (the earlier run's layer-count check: the peak is affine in the layer
 count, the saved-based extrapolation is not; tested on a tiny Llama) is kept, not run by ``main``.
 
-Step time: the roofline estimate (``aot_partition.fx.roofline``, H100 numbers) summed over the
+Step time: the roofline estimate (``aot_partition.costs.roofline``, H100 numbers) summed over the
 two graphs at the longest length, FX ops unfused (attention priced as dense, not causal).
 
 Each 32-layer model takes minutes on a loaded CPU, so the variants run as workers that each
@@ -129,7 +129,7 @@ def chunks_for(seq: int, most: int = 64) -> int:
 
 def mlp_split_available() -> bool:
     try:
-        from aot_partition.fx import chunked_mlp  # noqa: F401
+        from aot_partition.split import chunked_mlp  # noqa: F401
     except ImportError:
         return False
     return hasattr(torch.ops.aot_partition, "token_mlp")
@@ -170,7 +170,7 @@ def trace(spec: dict[str, Any], layers: int, hint: int, split: str, dynamic: boo
           most_chunks: int = 64) -> Traced:
     """The step's joint graph (bf16 weights, the loss in fp32), the sequence length symbolic
     (hinted ``hint``) unless ``dynamic`` is False."""
-    from aot_partition.fx import chunked_loss  # noqa: F401 - registers the ops
+    from aot_partition.split import chunked_loss  # noqa: F401 - registers the ops
     from functorch.compile import aot_function, make_boxed_func
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -286,7 +286,7 @@ def cut_id(names: list[str]) -> str:
 
 def step_ms(fw: fx.GraphModule, bw: fx.GraphModule) -> float | None:
     """The roofline estimate (H100) of both graphs, FX ops unfused, in ms."""
-    from aot_partition.fx.estimators import estimate_runtime
+    from aot_partition.costs.estimators import estimate_runtime
 
     try:
         return 1e3 * sum(estimate_runtime(n, "roofline") for g in (fw, bw)
@@ -409,7 +409,7 @@ class Bench:
 
     def measure(self, variant: Variant, seq: int) -> Point:
         """The step at ``seq`` tokens, static shapes: traced, partitioned, lowered, replayed."""
-        from aot_partition.fx.inductor_memory import lower_partition
+        from aot_partition.memory_models.inductor import lower_partition
 
         known = self.points.setdefault(variant.name, {})
         if seq in known:
@@ -476,7 +476,7 @@ def decomposition_check(spec: dict[str, Any], seq: int, variants: tuple[Variant,
     shapes): (a) the saved/transient decomposition, 1 and 2 layers: the peak above the weights
     at 2 layers plus (layers - 2) x the saved bytes a layer adds; (b) the peak itself affine in
     the layer count, 2 and 4 layers."""
-    from aot_partition.fx.inductor_memory import simulate_compiled_partition
+    from aot_partition.memory_models.inductor import simulate_compiled_partition
 
     rows = []
     for variant in variants:
@@ -725,10 +725,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true",
                         help="only merge the workers' files into the report")
     args = parser.parse_args(argv)
-    from aot_partition.fx import roofline
+    from aot_partition.costs import roofline
 
     roofline.set_device_numbers("cpu", roofline.lookup("H100"))
-    from aot_partition.fx import memory
+    from aot_partition.memory_models import simulator as memory
 
     # The split ops' scratch from their shapes (chunked_loss / chunked_mlp.workspace_bytes):
     # below this limit the memory model runs an op on random tensors to measure it, which for

@@ -1,7 +1,7 @@
 """Memory-model benchmark: simulated against measured peak memory of one training step.
 
 For each model and activation-memory budget, our min-cut partitioner splits the model's joint
-graph; ``aot_partition.fx.memory.simulate_partition`` predicts the step's peak (forward, then
+graph; ``aot_partition.memory_models.simulator.simulate_partition`` predicts the step's peak (forward, then
 backward) and ``measure_partition`` runs the two graphs for real: on CPU the peak is rebuilt
 from the profiler's allocation events, on CUDA it is ``max_memory_allocated``. Both are relative
 to the memory allocated before the step (parameters and inputs). Two simulated columns: the
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from aot_partition import default_partition
-from aot_partition.fx.memory import measure_partition, simulate_partition
+from aot_partition.memory_models.simulator import measure_partition, simulate_partition
 from aot_partition.partitioners import partition_with_report
 from aot_pipeline.models import build_model
 from functorch.compile import aot_module, make_boxed_func

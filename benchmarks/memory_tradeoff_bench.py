@@ -3,10 +3,10 @@
 For each model and budget, both partitioners split fresh copies of one joint graph; each
 answer is scored the same way:
 
-- simulated peak: ``aot_partition.fx.memory`` run over the forward and backward graphs (parameters
+- simulated peak: ``aot_partition.memory_models.simulator`` run over the forward and backward graphs (parameters
   and buffers counted as resident, not as step memory);
 - saved activation bytes: what the forward hands the backward (parameters excluded);
-- estimated step time: the roofline estimate (``aot_partition.fx.roofline``) summed over every op of
+- estimated step time: the roofline estimate (``aot_partition.costs.roofline``) summed over every op of
   the forward and backward graphs, recompute included.
 
 Budgets are torch's fractions (both partitioners at the same fraction) and, for ours only, caps
@@ -40,10 +40,10 @@ import torch
 import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
-from aot_partition.fx import roofline
-from aot_partition.fx.estimators import estimate_runtime
+from aot_partition.costs import roofline
+from aot_partition.costs.estimators import estimate_runtime
 from aot_partition.fx.joint import is_random
-from aot_partition.fx.memory import simulate_partition
+from aot_partition.memory_models.simulator import simulate_partition
 from aot_pipeline.models import build_model
 from torch._functorch import config as torch_config
 from torch._functorch.partitioners import (

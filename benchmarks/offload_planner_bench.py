@@ -1,7 +1,7 @@
 """The keep / recompute / offload planner against torch's partitioner, simulated (issue 29).
 
 Models are traced on fake CPU tensors in bf16 (nothing is computed, the sizes are real) and
-every decision and score uses the H100 SXM row of the roofline table (``fx/roofline.py``) and
+every decision and score uses the H100 SXM row of the roofline table (``costs/roofline.py``) and
 a 50 GB/s host link: "simulated, H100 table". For each model, one joint graph is split by:
 
 - eager: the default split (save what the backward reads, recompute nothing);
@@ -11,7 +11,7 @@ a 50 GB/s host link: "simulated, H100 table". For each model, one joint graph is
 
 Scores: step time = roofline seconds of every op of the forward and backward graphs, plus the
 planner's copy time not hidden behind compute; peak = the simulated forward+backward peak
-(``fx/memory.py``; parameters resident; offloaded values off the device over their window).
+(``memory_models/simulator.py``; parameters resident; offloaded values off the device over their window).
 Also times the planner's decision on gpt-32 (partition_bench's CPU model). Writes
 benchmarks/RESULTS-offload-planner.md and benchmarks/offload_timeline.png.
 
@@ -42,12 +42,12 @@ from aot_partition.budget.offload_plan import (
     plan_activations,
 )
 from aot_partition.budget.search import BudgetSearch
+from aot_partition.costs import roofline
+from aot_partition.costs.estimators import estimate_runtime
 from aot_partition.errors import UnreachableMemoryBudgetError
-from aot_partition.fx import roofline
 from aot_partition.fx.classify import classify
-from aot_partition.fx.estimators import estimate_runtime
-from aot_partition.fx.memory import MemoryTimeline, simulate_partition
 from aot_partition.fx.offload import host_link_bandwidth
+from aot_partition.memory_models.simulator import MemoryTimeline, simulate_partition
 from aot_pipeline.models import GPT, Llama
 from torch._functorch import config as torch_config
 from torch._functorch.partitioners import default_partition

@@ -49,7 +49,7 @@ import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import knapsack as our_knapsack
 from aot_partition import min_cut_rematerialization_partition
-from aot_partition.fx.estimators import count_flops
+from aot_partition.costs.estimators import count_flops
 from aot_partition.report.pareto import ParetoPoint
 from aot_pipeline.models import build_model
 from functorch.compile import aot_module, make_boxed_func

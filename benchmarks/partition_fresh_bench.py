@@ -94,7 +94,7 @@ def _caches_in(module: Any) -> Iterator[Callable[[], None]]:
 
 # Module-level dicts that memoize per op or per signature across calls (a cold process starts
 # with them empty): runtime estimates, kernel workspaces, op packets, CSE's per-target answers.
-PROCESS_DICTS = (("aot_partition.fx.estimators", "_cache"), ("aot_partition.fx.memory", "_workspace_cache"),
+PROCESS_DICTS = (("aot_partition.costs.estimators", "_cache"), ("aot_partition.memory_models.simulator", "_workspace_cache"),
                  ("aot_partition.fx.joint", "_PACKETS"),
                  ("aot_partition.fx.passes.cse", "_NEVER_MERGED_TARGETS"),
                  ("aot_partition.fx.passes.cse", "_SEEDED_TARGETS"))

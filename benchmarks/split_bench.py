@@ -163,7 +163,7 @@ def _batch(vocab: int, batch: int, seq: int, device: str) -> tuple[torch.Tensor,
 def measure(variant: str, model: Model, call: Callable[..., torch.Tensor],
             batch: tuple[torch.Tensor, ...], device: str, steps: int,
             eager_grads: dict[str, torch.Tensor] | None, note: str = "") -> Row:
-    from aot_partition.fx.memory import measure_peak
+    from aot_partition.memory_models.simulator import measure_peak
 
     def run() -> torch.Tensor:
         loss = call(*batch)
@@ -206,7 +206,7 @@ def timeline_png(model: Model, batch: tuple[torch.Tensor, ...], chunks: int, pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from aot_partition.fx.inductor_memory import simulate_compiled_partition
+    from aot_partition.memory_models.inductor import simulate_compiled_partition
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for split, label in ((False, "whole"), (chunks, f"split in {chunks}")):

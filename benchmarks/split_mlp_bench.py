@@ -102,7 +102,7 @@ def mlp_split_backend(chunks: int, inner: Callable[..., Any] | None = None,
                       found: list[Any] | None = None) -> Callable[..., Any]:
     """A torch.compile back end: each MLP in ``chunks`` chunks, then ``inner`` (Inductor's
     ``compile_fx`` by default)."""
-    from aot_partition.fx.token_split import find_split_sites, split_token_wise
+    from aot_partition.split.token_split import find_split_sites, split_token_wise
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         sites, left = find_split_sites(gm, kinds=("mlp",))
@@ -124,7 +124,7 @@ def prepare(variants: list[tuple[str, Callable[[], Callable[..., torch.Tensor]],
     """Compile each variant under its budget (two warm steps), its gradients against eager's
     and its peak as split_bench measures it; the step of each that ran."""
     import torch._functorch.config as torch_config
-    from aot_partition.fx.memory import measure_peak
+    from aot_partition.memory_models.simulator import measure_peak
 
     rows: list[Row] = []
     calls: dict[str, Callable[[], torch.Tensor]] = {}

@@ -3,10 +3,10 @@
 SIMULATED, not measured: each step is traced on fake tensors (bf16 weights, the loss in fp32,
 nothing computed), partitioned, and scored by
 
-- peak: the compiled-program memory model (``aot_partition.fx.inductor_memory``), Inductor's
+- peak: the compiled-program memory model (``aot_partition.memory_models.inductor``), Inductor's
   lowering for CPU (a GPU's Triton lowering needs a GPU), library scratch not measured, the
   split ops' scratch from their shapes; MiB above the step's inputs;
-- step time: the roofline estimate (``aot_partition.fx.roofline``) with an H100's numbers
+- step time: the roofline estimate (``aot_partition.costs.roofline``) with an H100's numbers
   summed over the forward and backward graphs (the split ops priced with their passes over
   each chunk's logits and the weight-sized traffic every chunk repeats).
 
@@ -90,7 +90,7 @@ def trace(kind: str, spec: dict[str, Any], batch: int, chunks: int | None,
     every attention through scaled_dot_product_attention (a Llama as trained). With
     ``chunks``, the head and loss in that many chunks: ``style`` "split" (our chunked op),
     "torchtune" or "liger" (the hand-chunked baselines of split_bench.py, in plain ops)."""
-    from aot_partition.fx import chunked_loss  # noqa: F401 - registers the ops
+    from aot_partition.split import chunked_loss  # noqa: F401 - registers the ops
     from aot_pipeline import models
     from functorch.compile import aot_function, default_partition, make_boxed_func
     from split_bench import liger_loss, torchtune_loss
@@ -178,8 +178,8 @@ def partition(joint: fx.GraphModule, inputs: list[Any], num_fwd_outputs: int,
 
 def score(fw: Any, bw: Any, static: list[int], baseline: list[int] | None = None
           ) -> tuple[float, float]:
-    from aot_partition.fx.estimators import estimate_runtime
-    from aot_partition.fx.inductor_memory import simulate_compiled_partition
+    from aot_partition.costs.estimators import estimate_runtime
+    from aot_partition.memory_models.inductor import simulate_compiled_partition
 
     timeline = simulate_compiled_partition(copy.deepcopy(fw), copy.deepcopy(bw),
                                            static_input_indices=static, workspace=False)
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-baselines", action="store_true",
                         help="with --baselines: the reference rows and the baselines only")
     args = parser.parse_args(argv)
-    from aot_partition.fx import roofline
+    from aot_partition.costs import roofline
 
     roofline.set_device_numbers("cpu", roofline.lookup("H100"))
     models = SMOKE if args.smoke else {m: MODELS[m] for m in args.models.split(",") if m}

@@ -85,7 +85,7 @@ class CompiledStep:
         """A step's peak above the memory allocated before it (MeasuredMemory). The last
         step's gradients are dropped before, not inside, the measured step: their frees
         would lower what it measures."""
-        from aot_partition.fx.memory import measure_peak
+        from aot_partition.memory_models.simulator import measure_peak
 
         self.clear_grads()
         return measure_peak(self._step, device)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from aot_config import functorch as functorch_config
 from aot_partition import PartitionDisagreementError
 from aot_partition.config import PartitionConfig
-from aot_partition.fx import estimators, spmd
+from aot_partition.costs import estimators, spmd
 from aot_partition.partitioners import partition_with_report
 from functorch.compile import aot_function, nop
 

@@ -136,13 +136,14 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
      "core.knapsack", "core.graph", "core.ilp_graph", "core.offload_milp", "core.rules",
      "core.load", "core.timeline", "core.report", "core.budget", "core"),
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
-    # collectives, the rank agreement (they may import each other; the cycle test keeps them
-    # acyclic)
-    ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives", "fx.spmd",
-     "fx.symbolic_peak", "fx.shape_guards", "fx.chunked_loss", "fx.chunked_mlp"),
-    # the split: the LM head and its loss, and token-wise MLPs, rewritten into the chunked ops
-    # (a torch-level graph)
-    ("fx.token_split",),
+    # collectives (they may import each other; the cycle test keeps them acyclic)
+    ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives"),
+    # split/'s ops: custom ops a compiler sees as one call (leaves the front end classifies)
+    ("split", "split.chunked_loss", "split.chunked_mlp"),
+    # split/: recognising a token-wise spike in a traced graph, rewritten into the ops
+    ("split.token_split",),
+    # costs/: what a node costs (roofline, estimators) and the ranks' agreement on it
+    ("costs", "costs.roofline", "costs.spmd", "costs.estimators", "costs.cut_runtime"),
     # fx/passes: graph passes (one function each: graph in, "changed" out)
     ("fx.passes", "fx.passes.cse", "fx.passes.dce", "fx.passes.recompute_tags",
      "fx.passes.reorder", "fx.passes.rng", "fx.passes.rng_ops", "fx.passes.offload_ops"),
@@ -152,17 +153,24 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # forward/backward cutting
     ("fx.classify", "fx.context", "fx.extract", "fx.policy", "fx.network", "fx.solve",
      "fx.regions"),
-    # runtime estimates, the memory simulator and the compiled-program (Inductor) model
-    ("fx.estimators", "fx.roofline", "fx.memory", "fx.offload", "fx.inductor_memory",
-     "fx.memory_models", "fx.caching_allocator"),
+    # a cut's graphs as the partition finishes them; offload rewriting; default_partition of
+    # checkpoint-tagged joints
+    ("fx.cut", "fx.offload", "fx.checkpoint_split"),
+    # memory_models/: what the program that runs allocates (unfused simulator, Inductor's
+    # program, CUDA's caching allocator, peaks under dynamic shapes)
+    ("memory_models", "memory_models.symbolic_peak", "memory_models.shape_guards",
+     "memory_models.caching_allocator", "memory_models.simulator", "memory_models.inductor",
+     "memory_models.pricing"),
     # budget/: the memory-budget search
     ("budget", "budget.search"),
-    # budgets in bytes or a peak, per-region budgets, the reference check
+    # the candidate cuts a cap chooses among; the peak cap's measure
+    ("budget.candidates", "budget.peak"),
+    # budgets in bytes or a peak, per-region budgets, the reference check, the offload plan
     ("budget.caps", "budget.reference", "budget.regions", "budget.offload_plan"),
     # report/: data only: the partition report; pictures; TORCH_TRACE artifacts
     ("report", "report.report", "report.draw", "report.memory_plot", "report.trace"),
-    # the budget sweep; default_partition with SAC tags (uses the byte caps' cut helpers)
-    ("report.pareto", "fx.checkpoint_split"),
+    # the budget sweep
+    ("report.pareto",),
     # composition: the two partition functions and explain_partition
     ("partitioners",),
     # the public API
@@ -206,3 +214,19 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path: Path) ->
     assert graph["pkg.b"] == {"pkg.sub.c": 1}
     assert graph["pkg.sub.c"] == {"pkg.a": 3}
     assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
+
+
+def test_nothing_below_the_budget_search_imports_it():
+    """The rooms below budget/ (core, fx, split, costs, memory_models) never import budget/,
+    report/ or the partitioners: the arrow from fx/checkpoint_split.py to budget/caps.py was the
+    last one that ran back up."""
+    package_dir = ROOT / "packages" / "aot-partition" / "src" / "aot_partition"
+    graph = import_graph(package_dir)
+    lower = ("aot_partition.core", "aot_partition.fx", "aot_partition.split",
+             "aot_partition.costs", "aot_partition.memory_models")
+    upper = ("aot_partition.budget", "aot_partition.report", "aot_partition.partitioners")
+    upward = [f"{module} (line {line}) imports {target}"
+              for module, targets in sorted(graph.items())
+              if module.startswith(lower)
+              for target, line in sorted(targets.items()) if target.startswith(upper)]
+    assert not upward, "\n".join(upward)

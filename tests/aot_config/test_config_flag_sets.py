@@ -57,7 +57,7 @@ FUNCTORCH_EXTRAS = {"min_cut_solver": "scipy", "treat_parameters_as_free_to_save
                     "activation_token_split": "auto",
                     "lazy_partition_modules": True,
                     # many ranks (issue 26): torch's unsafe_allow_optimization_of_collectives
-                    # under our name, and the rank agreement of aot_partition.fx.spmd
+                    # under our name, and the rank agreement of aot_partition.costs.spmd
                     "allow_recompute_collectives": False, "agree_partition_across_ranks": True,
                     "check_partition_agreement": False, "collective_bandwidth_gbps": 50.0,
                     # activation offloading (issue 29): torch's bandwidth flag defaults to the

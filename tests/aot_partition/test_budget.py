@@ -147,7 +147,7 @@ def test_solver_and_estimator_names_have_one_source():
     from aot_config import functorch as flags
     from aot_partition.core.knapsack import KNAPSACK_SOLVERS
     from aot_partition.core.mincut import available_solver_names
-    from aot_partition.fx.estimators import RUNTIME_ESTIMATORS
+    from aot_partition.costs.estimators import RUNTIME_ESTIMATORS
     from aot_pipeline import SOLVERS as PIPELINE_SOLVERS
 
     assert set(BUDGET_SOLVERS) == {*KNAPSACK_SOLVERS, "dp_graph", "ilp_graph"}
@@ -178,7 +178,7 @@ def test_torch_config_budget_is_honoured(capture):
 
 
 def recompute_flops(joint, budget, solver):
-    from aot_partition.fx.estimators import count_flops
+    from aot_partition.costs.estimators import count_flops
 
     def flops(gm):
         return sum(f for n in gm.graph.nodes if n.op == "call_function"

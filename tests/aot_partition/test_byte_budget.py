@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from aot_config import functorch as functorch_config
 from aot_partition import explain_partition, min_cut_rematerialization_partition
-from aot_partition.budget.caps import CutCandidate, choose_candidate
+from aot_partition.budget.candidates import CutCandidate
+from aot_partition.budget.caps import choose_candidate
 from aot_partition.config import PartitionConfig
 from aot_partition.errors import UnreachableMemoryBudgetError
 from aot_partition.fx.sizes import saved_activation_bytes

@@ -1,4 +1,4 @@
-"""fx/caching_allocator.py: the CUDA caching allocator's blocks, as max_memory_allocated counts
+"""memory_models/caching_allocator.py: the CUDA caching allocator's blocks, as max_memory_allocated counts
 them. Pure logic here; on a GPU the model is checked against the real allocator."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from aot_partition.fx.caching_allocator import (
+from aot_partition.memory_models.caching_allocator import (
     CachingAllocator,
     StepEvents,
     replay,

@@ -1,4 +1,4 @@
-"""The chunked LM head and cross-entropy ops (aot_partition.fx.chunked_loss) against torch's own
+"""The chunked LM head and cross-entropy ops (aot_partition.split.chunked_loss) against torch's own
 ``F.cross_entropy(F.linear(...))``: loss and every gradient, over random shapes, chunk counts,
 ignore masks, reductions, label smoothing, with and without a bias; and their edges."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from aot_partition.fx.chunked_loss import (
+from aot_partition.split.chunked_loss import (
     dtype_name,
     linear_cross_entropy,
     linear_cross_entropy_with_grads,
@@ -179,8 +179,8 @@ def test_flop_counter_counts_the_projections():
 def test_the_scratch_known_from_the_shapes_matches_the_profiler(dtype, name):
     """``workspace_bytes`` (used beyond 256 MiB and on fake tensors, where nothing can run)
     against the profiler's peak-minus-end of a real call, within 3%."""
-    from aot_partition.fx.chunked_loss import workspace_bytes
-    from aot_partition.fx.memory import _measure_cpu_profiler
+    from aot_partition.memory_models.simulator import _measure_cpu_profiler
+    from aot_partition.split.chunked_loss import workspace_bytes
 
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(512, 64, generator=g).to(dtype)
@@ -206,7 +206,7 @@ def test_the_roofline_prices_the_passes_over_each_chunk():
     """A split op moves its chunks' logits several times and the weight once or more a chunk:
     the roofline's bytes include both (its inputs and outputs alone would miss most of its
     memory time, and would price every chunk count alike)."""
-    from aot_partition.fx.roofline import bytes_moved
+    from aot_partition.costs.roofline import bytes_moved
 
     op = torch.ops.aot_partition.linear_cross_entropy_with_grads.default
     h, w, t = torch.randn(512, 64), torch.randn(4096, 64), torch.randint(0, 4096, (512,))

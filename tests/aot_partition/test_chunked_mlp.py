@@ -1,4 +1,4 @@
-"""The chunked token-wise MLP ops (aot_partition.fx.chunked_mlp) against torch's own
+"""The chunked token-wise MLP ops (aot_partition.split.chunked_mlp) against torch's own
 ``down(act(up(x)))`` and ``down(act(gate(x)) * up(x))``: output and the gradient of every input,
 over random shapes, chunk counts, activations, biases and token dims; bf16 no further from
 fp64 than eager's bf16; opcheck, FLOPs, scratch, roofline and bad arguments."""
@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from aot_partition.fx.chunked_mlp import ACTIVATIONS, reference_mlp, token_mlp, workspace_bytes
+from aot_partition.split.chunked_mlp import ACTIVATIONS, reference_mlp, token_mlp, workspace_bytes
 
 NAMES = ("x", "up_weight", "up_bias", "gate_weight", "gate_bias", "down_weight", "down_bias")
 
@@ -196,7 +196,7 @@ def test_flop_counter_counts_the_matmuls_and_the_recompute(gated):
 def test_the_scratch_known_from_the_shapes_matches_the_profiler(activation, gated, backward):
     """``workspace_bytes`` (used beyond 256 MiB and on fake tensors, where nothing can run)
     against the profiler's peak-minus-end of a real fp32 call, within 3%."""
-    from aot_partition.fx.memory import _measure_cpu_profiler
+    from aot_partition.memory_models.simulator import _measure_cpu_profiler
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1024, 64, generator=g)
@@ -218,8 +218,8 @@ def test_the_scratch_known_from_the_shapes_matches_the_profiler(activation, gate
 def test_the_memory_model_and_the_roofline_know_the_ops():
     """On fake (meta) values the scratch comes from the shapes; the roofline's bytes include the
     passes over each chunk's intermediates."""
-    from aot_partition.fx.memory import profiled_workspace
-    from aot_partition.fx.roofline import bytes_moved
+    from aot_partition.costs.roofline import bytes_moved
+    from aot_partition.memory_models.simulator import profiled_workspace
 
     op = torch.ops.aot_partition.token_mlp_backward.default
     values = dict(go=torch.empty(4096, 64, device="meta"), x=torch.empty(4096, 64, device="meta"),

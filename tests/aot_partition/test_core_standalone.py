@@ -81,17 +81,18 @@ def test_fx_modules_imported_directly_without_torch_name_the_extra():
     done = _run("""
     import importlib
     for name in ("aot_partition.budget.caps", "aot_partition.partitioners",
-                 "aot_partition.report.report"):
+                 "aot_partition.report.report", "aot_partition.memory_models.simulator",
+                 "aot_partition.split.chunked_loss", "aot_partition.costs.estimators"):
         try:
             importlib.import_module(name)
         except ImportError as error:
             print(error)
     """)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == 3 * [
-        "this part of aot_partition (the torch.fx front end: budget/, report/, partitioners) "
-        "needs torch: pip install 'aot-partition[fx]'. The core, aot_partition.core, needs no "
-        "torch."]
+    assert done.stdout.splitlines() == 6 * [
+        "this part of aot_partition (the torch.fx front end, memory_models/, split/, costs/, "
+        "budget/, report/, partitioners) needs torch: pip install 'aot-partition[fx]'. The "
+        "core, aot_partition.core, needs no torch."]
 
 
 def test_core_names_without_torch_do_not_need_the_extra():

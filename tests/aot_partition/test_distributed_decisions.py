@@ -18,7 +18,7 @@ import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition.config import MinCutOptions, PartitionConfig
 from aot_partition.core.milp_limits import MILP_NODES_PER_SECOND, milp_limits, stopped_by_limit
-from aot_partition.fx import estimators, spmd
+from aot_partition.costs import estimators, spmd
 from aot_partition.fx.collectives import COLLECTIVE_REASON, collective_seconds, wire_bytes
 from aot_partition.fx.policy import active_ban_rules, collective, never_released
 from ranks import RanksFailed, run_ranks

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from aot_config import functorch as functorch_config
-from aot_partition.fx import estimators
-from aot_partition.fx.estimators import estimate_runtime
+from aot_partition.costs import estimators
+from aot_partition.costs.estimators import estimate_runtime
 from functorch.compile import aot_function, make_boxed_func
 from torch._functorch.partitioners import default_partition
 from torch.utils.flop_counter import FlopCounterMode

@@ -15,8 +15,8 @@ from aot_partition.core.ilp_graph import (
     fits,
     solve_save_or_recompute,
 )
-from aot_partition.fx import estimators
-from aot_partition.fx.estimators import estimate_runtime
+from aot_partition.costs import estimators
+from aot_partition.costs.estimators import estimate_runtime
 
 
 def chain(capacity: float, **overrides) -> SaveOrRecompute:

@@ -1,4 +1,4 @@
-"""The compiled-program memory model (fx/inductor_memory.py, fx/memory_models.py): the buffers
+"""The compiled-program memory model (memory_models/inductor.py, memory_models/pricing.py): the buffers
 Inductor's compiled forward and backward allocate, predicted from the partition's graphs, against
 the profiler's measured peak of the compiled step (the loss inside the compiled region); the
 model that prices a cut, chosen by the caller, named in the report, and its fallback."""
@@ -12,18 +12,19 @@ import sympy
 import torch
 from aot_config import functorch as functorch_flags
 from aot_partition import explain_partition
-from aot_partition.fx import inductor_memory, memory_models
-from aot_partition.fx.inductor_memory import (
+from aot_partition.memory_models import inductor as inductor_memory
+from aot_partition.memory_models import pricing as memory_models
+from aot_partition.memory_models.inductor import (
     InductorMemoryError,
     simulate_compiled_partition,
     sizes_at,
 )
-from aot_partition.fx.memory import simulate_partition
-from aot_partition.fx.memory_models import (
+from aot_partition.memory_models.pricing import (
     MemoryModelFallbackWarning,
     price_partition,
     resolve_memory_model,
 )
+from aot_partition.memory_models.simulator import simulate_partition
 from compiled_steps import compile_step, tiny_gpt, wide_convnet
 from torch import nn
 

@@ -1,4 +1,4 @@
-"""The memory timeline simulator (aot_partition.fx.memory): hand-computed timelines on tiny
+"""The memory timeline simulator (aot_partition.memory_models.simulator): hand-computed timelines on tiny
 graphs, views, lifetimes, symbolic sizes, and the peak against a real (profiled) run."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import default_partition, min_cut_rematerialization_partition
-from aot_partition.fx.memory import (
+from aot_partition.memory_models.simulator import (
     MemoryTimeline,
     measure_partition,
     simulate_joint,
@@ -200,7 +200,7 @@ def test_png_is_written(tmp_path):
 
 
 def test_without_fake_storages_the_op_schema_finds_views(monkeypatch):
-    from aot_partition.fx import memory
+    from aot_partition.memory_models import simulator as memory
 
     fw, bw = chain_graphs()
     expected = simulate_partition(fw, bw)
@@ -226,7 +226,7 @@ def test_without_fake_storages_the_op_schema_finds_views(monkeypatch):
 
 WORKSPACE_UNDER_FAKE_MODE = """
 import torch
-from aot_partition.fx.memory import clear_workspace_cache, profiled_workspace
+from aot_partition.memory_models.simulator import clear_workspace_cache, profiled_workspace
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -12,7 +12,6 @@ from aot_config import functorch as functorch_config
 from aot_partition import default_partition, min_cut_rematerialization_partition
 from aot_partition import partitioners as partitioners_module
 from aot_partition.config import PartitionConfig
-from aot_partition.fx.memory import simulate_partition
 from aot_partition.fx.offload import OffloadedValue, host_link_bandwidth
 from aot_partition.fx.passes.offload_ops import (
     offload_to_host,
@@ -20,6 +19,7 @@ from aot_partition.fx.passes.offload_ops import (
     wait_offload,
     wait_prefetch,
 )
+from aot_partition.memory_models.simulator import simulate_partition
 from aot_partition.partitioners import partition_with_report
 from functorch.compile import aot_function, make_boxed_func
 from torch.utils.checkpoint import CheckpointPolicy
@@ -113,7 +113,7 @@ def test_device_flag_takes_only_cpu():
 
 
 def test_host_link_from_the_device_table():
-    from aot_partition.fx import roofline
+    from aot_partition.costs import roofline
 
     assert host_link_bandwidth(torch.device("cpu"), None) == roofline.CONSERVATIVE_CPU.bandwidth
     assert host_link_bandwidth(torch.device("cpu"), 10.0) == 10e9

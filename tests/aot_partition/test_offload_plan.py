@@ -28,8 +28,8 @@ from aot_partition.core.offload_milp import (
     least_saved_bytes,
     solve_keep_recompute_offload,
 )
+from aot_partition.costs import roofline
 from aot_partition.errors import UnreachableMemoryBudgetError
-from aot_partition.fx import roofline
 from aot_partition.fx.classify import classify
 from zoo import make_case
 
@@ -236,7 +236,7 @@ def plan_problem(search):
 
 
 def test_offloaded_values_leave_the_device_over_their_window(capture):
-    """measure_plan simulates the graphs the mechanism rewrites (fx/memory.py's accounting):
+    """measure_plan simulates the graphs the mechanism rewrites (memory_models/simulator.py's accounting):
     the offload plan's peak is no higher than the same saved set kept, and its transfers are
     the plan's offloaded values."""
     joint, search = search_of("gpt", capture)

@@ -15,8 +15,8 @@ from aot_partition import partitioners as partitioners_module
 from aot_partition.budget import offload_plan
 from aot_partition.config import PartitionConfig
 from aot_partition.errors import UnreachableMemoryBudgetError
-from aot_partition.fx.memory import simulate_partition
 from aot_partition.fx.passes.offload_ops import offload_to_host
+from aot_partition.memory_models.simulator import simulate_partition
 from functorch.compile import aot_module, make_boxed_func
 from torch.utils.checkpoint import CheckpointPolicy
 from zoo import assert_matches_eager, make_case

@@ -12,8 +12,8 @@ from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
 from aot_partition import partitioners as partitioners_module
 from aot_partition.config import PartitionConfig
-from aot_partition.fx.memory import simulate_partition
 from aot_partition.fx.passes.offload_ops import offload_to_host, prefetch_to_device
+from aot_partition.memory_models.simulator import simulate_partition
 from functorch.compile import aot_module, make_boxed_func
 from torch.utils.checkpoint import CheckpointPolicy
 from zoo import assert_matches_eager, make_case

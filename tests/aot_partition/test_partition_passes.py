@@ -164,7 +164,7 @@ def test_reorder_backward_takes_a_tuples_outputs_at_once():
     """A recomputed layer norm whose output is read at once and whose statistics only later:
     its getitems move up to right after it, so the tuple (holding the output) dies after the
     output's last use, and memory.py's simulated peak of the backward falls by that output."""
-    from aot_partition.fx.memory import simulate_partition
+    from aot_partition.memory_models.simulator import simulate_partition
 
     graph = fx.Graph()
     saved, tangent = graph.placeholder("saved"), graph.placeholder("tangents_1")

@@ -6,7 +6,7 @@ saved set is the one the work would have given.
   cut and the knapsack items decide);
 - the graphs of a cut the reference check simulated are the partition's graphs (no second
   extraction);
-- step estimates of one joint's cuts are memoized by node (``caps.NodeEstimates``);
+- step estimates of one joint's cuts are memoized by node (``cut_runtime.NodeEstimates``);
 - small flow networks take a plain-Python max-flow with scipy's cut (``core.mincut_small``);
 - budget 0 estimates no runtime (no knapsack decides there);
 - the pointwise op list is torch's, looked up per packet a graph uses;
@@ -28,12 +28,14 @@ import numpy as np
 import pytest
 import torch
 import torch.fx as fx
-from aot_partition.budget import caps
+from aot_partition.budget import peak as peak_module
 from aot_partition.budget.search import BudgetSearch
 from aot_partition.config import PartitionConfig
 from aot_partition.core import mincut_scipy
 from aot_partition.core.mincut import FlowNetwork
+from aot_partition.costs import cut_runtime
 from aot_partition.fx import classify as classify_module
+from aot_partition.fx import cut as cut_module
 from aot_partition.fx.classify import classify
 from aot_partition.fx.joint import aten_packet
 from aot_partition.fx.prepare import prepared_joint
@@ -139,7 +141,7 @@ def test_budget_zero_estimates_no_runtime(gpt_joint, monkeypatch, caplog):
 def count_extractions(monkeypatch) -> list[int]:
     import aot_partition.partitioners as partitioners
 
-    return count_calls(monkeypatch, caps, "extract_cut", partitioners)
+    return count_calls(monkeypatch, peak_module, "extract_cut", partitioners)
 
 
 def partition(joint, budget: float):
@@ -153,11 +155,11 @@ def test_checked_cuts_are_simulated_on_plans_and_the_chosen_one_planned_once(gpt
     assert report.reference_check is not None and not report.reference_check.same_cut
     simulated = len(report.reference_check.scores)
     extractions = count_extractions(monkeypatch)
-    plans = count_calls(monkeypatch, caps, "plan_cut")
+    plans = count_calls(monkeypatch, peak_module, "plan_cut")
     fw_planned, bw_planned, _ = partition(gpt_joint, 0.4)
     # No simulated cut is extracted; the chosen one is, once, from the plan simulated.
     assert (extractions[0], plans[0]) == (1, simulated)
-    monkeypatch.setattr(caps.SimulatedPeak, "plan", lambda self, saved: None)
+    monkeypatch.setattr(peak_module.SimulatedPeak, "plan", lambda self, saved: None)
     fw_again, bw_again, _ = partition(gpt_joint, 0.4)
     assert (extractions[0], plans[0]) == (2, 2 * simulated)  # extraction plans it itself
     assert (fw_planned.code, bw_planned.code) == (fw_again.code, bw_again.code) == (fw.code,
@@ -184,27 +186,27 @@ def tiny_graph(target) -> fx.Graph:
 
 def test_node_estimates_reuse_a_copy_and_not_another_op(monkeypatch):
     calls: list[str] = []
-    estimate = caps.estimate_runtime
+    estimate = cut_runtime.estimate_runtime
 
     def counting(node, estimator=None, **kwargs):
         calls.append(node.name)
         return estimate(node, estimator, **kwargs)
 
-    monkeypatch.setattr(caps, "estimate_runtime", counting)
-    estimates = caps.NodeEstimates("flops")
+    monkeypatch.setattr(cut_runtime, "estimate_runtime", counting)
+    estimates = cut_runtime.NodeEstimates("flops")
     mm, copy_of_mm, add = (tiny_graph(t) for t in (torch.ops.aten.mm.default,
                                                    torch.ops.aten.mm.default,
                                                    torch.ops.aten.add.Tensor))
     for graph in (copy_of_mm, mm):  # same name, target and value object in both: one estimate
         node = next(n for n in graph.nodes if n.op == "call_function")
         node.meta["val"] = next(n for n in mm.nodes if n.op == "call_function").meta["val"]
-    first = caps.step_estimate(mm, fx.Graph(), "flops", estimates)
-    assert caps.step_estimate(copy_of_mm, fx.Graph(), "flops", estimates) == first
+    first = cut_runtime.step_estimate(mm, fx.Graph(), "flops", estimates)
+    assert cut_runtime.step_estimate(copy_of_mm, fx.Graph(), "flops", estimates) == first
     assert len(calls) == 1
     # the same name on another op is estimated again, and differs
-    assert caps.step_estimate(add, fx.Graph(), "flops", estimates) != first
+    assert cut_runtime.step_estimate(add, fx.Graph(), "flops", estimates) != first
     assert len(calls) == 2
-    assert first == caps.step_estimate(mm, fx.Graph(), "flops") == 2 * 64**3
+    assert first == cut_runtime.step_estimate(mm, fx.Graph(), "flops") == 2 * 64**3
 
 
 # ---- small networks' max-flow ----------------------------------------------------------------
@@ -400,7 +402,7 @@ def backward_walks_in_partition(joint, budget: float, monkeypatch, reuse: bool
     if not reuse:
         monkeypatch.setattr(extract, "_same_live_set", lambda *args: False)
         extract_graphs = extract.extract_forward_backward_graphs
-        monkeypatch.setattr(caps, "extract_forward_backward_graphs",
+        monkeypatch.setattr(cut_module, "extract_forward_backward_graphs",
                             lambda *a, known_live=None, **k: extract_graphs(*a, **k))
     fw, bw = min_cut_rematerialization_partition(joint.fresh(), None,
                                                  num_fwd_outputs=joint.num_fwd_outputs,

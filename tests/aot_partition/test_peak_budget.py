@@ -4,14 +4,14 @@ without the cap."""
 
 from __future__ import annotations
 
-import aot_partition.fx.memory as memory
+import aot_partition.memory_models.simulator as memory
 import pytest
 import torch
 from aot_config import functorch as functorch_config
 from aot_partition import explain_partition, min_cut_rematerialization_partition
-from aot_partition.budget.caps import SimulatedPeak
+from aot_partition.budget.peak import SimulatedPeak
 from aot_partition.errors import UnreachableMemoryBudgetError
-from aot_partition.fx.memory import simulate_partition
+from aot_partition.memory_models.simulator import simulate_partition
 from aot_partition.partitioners import partition_with_report
 from functorch.compile import aot_module, make_boxed_func
 from torch import nn
@@ -269,8 +269,8 @@ def test_plot_peak_front_writes_a_png(tmp_path):
 
 def _scores(joint, **config):
     """(simulated peak, roofline step estimate) of one partition under ``config``."""
-    from aot_partition.budget.caps import step_estimate
     from aot_partition.config import PartitionConfig
+    from aot_partition.costs.cut_runtime import step_estimate
 
     fw, bw, report = partition_with_report(joint.fresh(), num_fwd_outputs=joint.num_fwd_outputs,
                                            config=PartitionConfig(**config))
@@ -282,13 +282,13 @@ def test_peak_cap_orders_candidates_by_the_simulated_step(gpt, monkeypatch):
     """At the flops cut's peak at 0.8, the knapsack items' runtime preferred a cut whose whole
     step is 2.7% slower (it missed what the forward no longer runs); the step estimate of the
     simulation does not."""
-    from aot_partition.budget import caps
+    from aot_partition.budget import peak as peak_module
 
     (flops_peak, flops_step), _ = _scores(gpt, memory_budget=0.8, runtime_estimator="flops")
     (peak, step), _ = _scores(gpt, peak_bytes=flops_peak)
     assert peak <= flops_peak and step <= flops_step * (1 + 1e-9)
     # The opposite case: ordered by the knapsack items' runtime, the answer is slower.
-    monkeypatch.setattr(caps.SimulatedPeak, "step_runtime", None)  # no step order
+    monkeypatch.setattr(peak_module.SimulatedPeak, "step_runtime", None)  # no step order
     (_, proxy_step), _ = _scores(gpt, peak_bytes=flops_peak)
     assert proxy_step > flops_step * 1.01
 

@@ -10,12 +10,13 @@ simulator prices the graphs instead.
 from __future__ import annotations
 
 import pytest
-from aot_partition.budget import caps
-from aot_partition.budget.caps import SimulatedPeak, extract_cut, finish_cut
+from aot_partition.budget.peak import SimulatedPeak
+from aot_partition.costs.cut_runtime import recompute_estimate, step_estimate
 from aot_partition.errors import UnreachableMemoryBudgetError
-from aot_partition.fx import memory
+from aot_partition.fx.cut import extract_cut, finish_cut, split_saved
 from aot_partition.fx.extract import default_saved_values, plan_cut
 from aot_partition.fx.joint import is_primal, is_random
+from aot_partition.memory_models import simulator as memory
 from aot_partition.partitioners import partition_with_report
 from zoo import make_case
 
@@ -83,7 +84,7 @@ def _finished(module, num_fwd_outputs: int, saved):
 
 
 def _plan_and_graphs(module, num_fwd_outputs: int, saved, **options):
-    syms, values = caps.split_saved(saved)
+    syms, values = split_saved(saved)
     plan = plan_cut(module, values, syms, num_fwd_outputs=num_fwd_outputs)
     plan_tl = memory.simulate_plan(module.graph, plan, facts={}, **options)
     graphs_tl = memory.simulate_partition(*_finished(module, num_fwd_outputs, saved), **options)
@@ -123,5 +124,5 @@ def test_runtimes_from_the_plan_equal_the_extracted_graphs(capture):
     simulator = SimulatedPeak(joint.module, joint.num_fwd_outputs, estimator="roofline")
     cut = extract_cut(joint.module, saved, num_fwd_outputs=joint.num_fwd_outputs)
     assert simulator.runtimes(saved) == (
-        caps.recompute_estimate(cut.fw, cut.bw, "roofline"),
-        caps.step_estimate(cut.fw, cut.bw, "roofline"))
+        recompute_estimate(cut.fw, cut.bw, "roofline"),
+        step_estimate(cut.fw, cut.bw, "roofline"))

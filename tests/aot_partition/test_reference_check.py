@@ -13,9 +13,10 @@ import pytest
 import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
-from aot_partition.budget.caps import SimulatedPeak, step_estimate
+from aot_partition.budget.peak import SimulatedPeak
 from aot_partition.config import PartitionConfig
-from aot_partition.fx import memory
+from aot_partition.costs.cut_runtime import step_estimate
+from aot_partition.memory_models import simulator as memory
 from aot_partition.partitioners import partition_with_report
 from zoo import assert_matches_eager, make_case
 

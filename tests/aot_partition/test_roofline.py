@@ -11,10 +11,9 @@ import torch.fx as fx
 from aot_config import functorch as functorch_config
 from aot_partition import min_cut_rematerialization_partition
 from aot_partition.budget.search import BudgetSearch
-from aot_partition.fx import estimators, roofline
-from aot_partition.fx.classify import classify
-from aot_partition.fx.estimators import RUNTIME_ESTIMATORS, count_flops, estimate_runtime
-from aot_partition.fx.roofline import (
+from aot_partition.costs import estimators, roofline
+from aot_partition.costs.estimators import RUNTIME_ESTIMATORS, count_flops, estimate_runtime
+from aot_partition.costs.roofline import (
     CONSERVATIVE_CPU,
     CONSERVATIVE_CUDA,
     DEVICE_TABLE,
@@ -24,6 +23,7 @@ from aot_partition.fx.roofline import (
     lookup,
     set_device_numbers,
 )
+from aot_partition.fx.classify import classify
 from torch._subclasses.fake_tensor import FakeTensorMode
 from zoo import assert_matches_eager, make_case
 
@@ -163,7 +163,7 @@ def test_unknown_cuda_device_falls_back_with_a_log_message(monkeypatch, caplog):
     monkeypatch.setattr(roofline, "_cuda_device_name", lambda index: "Imaginary GPU 9000")
     roofline._cuda_numbers.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="aot_partition.fx.roofline"):
+        with caplog.at_level(logging.WARNING, logger="aot_partition.costs.roofline"):
             assert device_numbers(torch.device("cuda", 0)) is CONSERVATIVE_CUDA
         assert "Imaginary GPU 9000" in caplog.text and "set_device_numbers" in caplog.text
     finally:
@@ -172,7 +172,7 @@ def test_unknown_cuda_device_falls_back_with_a_log_message(monkeypatch, caplog):
 
 def test_unknown_device_type_falls_back_with_a_log_message(caplog):
     roofline._log_fallback_once.cache_clear()
-    with caplog.at_level(logging.WARNING, logger="aot_partition.fx.roofline"):
+    with caplog.at_level(logging.WARNING, logger="aot_partition.costs.roofline"):
         assert device_numbers(torch.device("xpu")) is CONSERVATIVE_CPU
     assert "'xpu'" in caplog.text
 

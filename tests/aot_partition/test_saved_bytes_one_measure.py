@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.fx as fx
 from aot_partition import explain_partition, saved_bytes
-from aot_partition.fx.memory import simulate_partition
 from aot_partition.fx.sizes import forward_saved_outputs, saved_activation_bytes, saved_buffers
+from aot_partition.memory_models.simulator import simulate_partition
 from aot_partition.partitioners import default_partition
 from aot_partition.report.report import GivenBudget, PartitionReport
 from aot_partition.report.trace import decisions_page

@@ -13,7 +13,7 @@ import aot_pipeline
 import pytest
 import torch
 import torch.nn.functional as F
-from aot_partition.fx.token_split import (
+from aot_partition.split.token_split import (
     LeftAlone,
     MlpSplitSite,
     SplitSite,

@@ -12,8 +12,8 @@ import aot_pipeline
 import pytest
 import torch
 from aot_partition import MemoryBudgetBestEffortWarning, UnreachableMemoryBudgetError
-from aot_partition.fx.inductor_memory import simulate_compiled_partition
-from aot_partition.fx.memory import measure_peak
+from aot_partition.memory_models.inductor import simulate_compiled_partition
+from aot_partition.memory_models.simulator import measure_peak
 from aot_pipeline import PipelineOptionError, PipelineOptions
 from aot_pipeline.backend import resolve_options
 from aot_pipeline.cli import main

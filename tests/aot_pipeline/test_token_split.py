@@ -1,5 +1,5 @@
 """The LM head and its loss in chunks of tokens, through the pipeline (issue 39): the rewrite
-(aot_partition.fx.token_split) on the graphs Dynamo captures from the code people run, loss and
+(aot_partition.split.token_split) on the graphs Dynamo captures from the code people run, loss and
 every gradient against eager, under Inductor and nop, dynamic sequence lengths, dropout on; the
 "auto" decision (nothing at budget 1.0, a split only where a peak cap needs it, measured under
 the cap); and what is left alone, with the reason."""
@@ -12,8 +12,8 @@ import aot_pipeline
 import pytest
 import torch
 import torch.nn.functional as F
-from aot_partition.fx.memory import measure_peak
-from aot_partition.fx.token_split import find_split_sites
+from aot_partition.memory_models.simulator import measure_peak
+from aot_partition.split.token_split import find_split_sites
 from aot_pipeline.options import PipelineOptionError
 from torch import nn
 

@@ -35,7 +35,11 @@ if TYPE_CHECKING:
         UnreachableMemoryBudgetError,
     )
     from .fx.classify import NodeInfo, OpTypes, classify, default_op_types
-    from .fx.memory import (
+    from .fx.policy import MinCutOptions
+    from .fx.regions import region_memory_budget
+    from .fx.sizes import node_nbytes, saved_activation_bytes, saved_bytes
+    from .fx.solve import solve_min_cut
+    from .memory_models.simulator import (
         LiveBuffer,
         MeasuredMemory,
         MemoryStep,
@@ -44,10 +48,6 @@ if TYPE_CHECKING:
         simulate_joint,
         simulate_partition,
     )
-    from .fx.policy import MinCutOptions
-    from .fx.regions import region_memory_budget
-    from .fx.sizes import node_nbytes, saved_activation_bytes, saved_bytes
-    from .fx.solve import solve_min_cut
     from .partitioners import (
         MemoryBudgetBestEffortWarning,
         default_partition,
@@ -78,13 +78,13 @@ _LAZY_ATTRIBUTES: dict[str, str] = {
     "PartitionDisagreementError": ".errors",
     "PartitionError": ".errors",
     "UnreachableMemoryBudgetError": ".errors",
-    "LiveBuffer": ".fx.memory",
-    "MeasuredMemory": ".fx.memory",
-    "MemoryStep": ".fx.memory",
-    "MemoryTimeline": ".fx.memory",
-    "measure_partition": ".fx.memory",
-    "simulate_joint": ".fx.memory",
-    "simulate_partition": ".fx.memory",
+    "LiveBuffer": ".memory_models.simulator",
+    "MeasuredMemory": ".memory_models.simulator",
+    "MemoryStep": ".memory_models.simulator",
+    "MemoryTimeline": ".memory_models.simulator",
+    "measure_partition": ".memory_models.simulator",
+    "simulate_joint": ".memory_models.simulator",
+    "simulate_partition": ".memory_models.simulator",
     "write_memory_timeline_png": ".report.memory_plot",
     "FlowNetwork": ".core.mincut",
     "MinCut": ".core.mincut",

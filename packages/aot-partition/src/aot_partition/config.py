@@ -104,7 +104,7 @@ class PartitionConfig:
     peak_bytes: int | None = None
     # A cap on the peak as a fraction of the runtime-optimal cut's (under the memory model).
     peak_fraction: float | None = None
-    # The model that prices a peak: "inductor", "eager" or "auto" (memory_models.py).
+    # The model that prices a peak: "inductor", "eager" or "auto" (memory_models/pricing.py).
     memory_model: str = "auto"
     # An unreachable byte cap takes the closest cut with a warning instead of raising.
     best_effort: bool = False
@@ -119,7 +119,7 @@ class PartitionConfig:
     visualize_pareto: bool = False
     pareto_dir: str | None = None
     graph_format: str = "svg"
-    # Many ranks (spmd.py): agree on measured runtimes and MILP limits; check the saved sets.
+    # Many ranks (costs/spmd.py): agree on measured runtimes and MILP limits; check the saved sets.
     agree_across_ranks: bool = True
     check_agreement: bool = False
     collective_bandwidth_gbps: float = 50.0

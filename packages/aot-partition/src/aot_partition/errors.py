@@ -100,5 +100,5 @@ class FlagConflictError(ValueError):
 
 
 class PartitionDisagreementError(PartitionError):
-    """Many ranks (spmd.py): the ranks' partitions of one graph differ
+    """Many ranks (costs/spmd.py): the ranks' partitions of one graph differ
     (``check_partition_agreement``), or ranks compile different graphs; every rank raises it."""

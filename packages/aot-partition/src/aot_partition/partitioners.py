@@ -28,43 +28,42 @@ from typing import Any
 
 import torch.fx as fx
 
+from .budget.candidates import activation_bytes
 from .budget.caps import (
     Cap,
-    SimulatedPeak,
-    activation_bytes,
     byte_cap,
-    extract_cut,
-    finish_cut,
     peak_cap,
     validate_memory_budget_bytes,
     validate_peak_bytes,
     within_caps,
 )
+from .budget.peak import SimulatedPeak
 from .budget.reference import ReferenceCheck, check_against_reference
 from .budget.regions import RegionOutcome, choose_with_regions
 from .budget.search import BudgetSearch, validate_memory_budget
 from .config import PartitionConfig
+from .costs import spmd
+from .costs.estimators import measure_profile, profile_key
 from .errors import UnreachableMemoryBudgetError
-from .fx import spmd
 from .fx.checkpoint_split import split_tagged_joint
 from .fx.classify import NodeInfo, classify
-from .fx.estimators import measure_profile, profile_key
+from .fx.cut import extract_cut, finish_cut
 from .fx.extract import (
     default_saved_values,
     extract_forward_backward,
     extract_forward_backward_graphs,
 )
 from .fx.graph_modules import make_graph_module
-from .fx.inductor_memory import hinted_sizes
-from .fx.memory_models import resolve_memory_model
 from .fx.offload import OffloadedValue, choose_offloads, offload_saved_values
 from .fx.passes import has_recomputable_ops
 from .fx.policy import MinCutOptions, active_rule_names
 from .fx.prepare import prepared_joint
 from .fx.regions import Regions, find_regions
-from .fx.shape_guards import guard_at_most, symbolic_shape_env
 from .fx.sizes import node_nbytes, saved_activation_bytes, saved_bytes, saved_bytes_expr
 from .fx.solve import MinCutSolution, solve_min_cut, solve_min_cut_detailed
+from .memory_models.inductor import hinted_sizes
+from .memory_models.pricing import resolve_memory_model
+from .memory_models.shape_guards import guard_at_most, symbolic_shape_env
 from .report.pareto import ParetoPoint, sweep, write_pareto_png
 from .report.report import (
     NodeDecision,
@@ -218,7 +217,7 @@ class _Choice:
     activation_bytes: int | None = None    # set under a byte budget (caps.activation_bytes)
     simulated_peak: int | None = None      # set under a peak cap (caps.SimulatedPeak)
     peak_limit: int | None = None          # the peak cap in bytes it was held to
-    memory_model: str | None = None        # the model that priced the peak (memory_models.py)
+    memory_model: str | None = None        # the model that priced the peak (memory_models/pricing.py)
     reference_check: ReferenceCheck | None = None  # set at a fraction (reference.py)
     label: str | None = None               # the report's solver when no min cut chose ``saved``
     pareto_points: tuple[ParetoPoint, ...] = ()  # swept under the visualize flag
@@ -321,7 +320,7 @@ def _guard_every_shape(search: BudgetSearch, config: PartitionConfig, caps: list
                        chosen: Any, peak: SimulatedPeak | None) -> None:
     """Under dynamic shapes, make the caps hold at every shape that runs: what each cap
     measures of the chosen cut, as expressions of the shape symbols, guarded to stay within it
-    (fx/shape_guards.py: a shape that would break it compiles again and is planned for)."""
+    (memory_models/shape_guards.py: a shape that would break it compiles again and is planned for)."""
     shape_env = symbolic_shape_env(search.joint_graph)
     if shape_env is None:
         return
@@ -504,7 +503,7 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
               else tuple(static_lifetime_input_indices))
     simulators: dict[str | None, SimulatedPeak] = {}
 
-    # A peak cap is priced by the model of the program that will run (memory_models.py); the
+    # A peak cap is priced by the model of the program that will run (memory_models/pricing.py); the
     # reference check at a fraction compares cuts on the eager model (cheap; no cap to hold).
     model = resolve_memory_model(config.memory_model) if has_peak_cap(config) else "eager"
 
@@ -517,7 +516,7 @@ def _partition_prepared(joint_module: fx.GraphModule, num_fwd_outputs: int,
         return simulators[estimator]
 
     peak = simulator(config.runtime_estimator) if has_peak_cap(config) else None
-    # Many ranks: one decision on every rank (spmd.py); nothing happens on one rank.
+    # Many ranks: one decision on every rank (costs/spmd.py); nothing happens on one rank.
     needs_runtimes = (budget < 1.0 or config.memory_budget_bytes is not None
                       or has_peak_cap(config))
     planner = _whole_planner(config, regions)

@@ -183,12 +183,12 @@ def _flags_of(memory_budget: float | str, solver: str, memory_budget_bytes: int 
 
 def _autograd_cache_off_on_many_ranks(config: PartitionConfig) -> Any:
     """AOTAutograd's cache off for one compile when partitioning will run collectives on many
-    ranks (aot_partition.fx.spmd.partitioning_runs_collectives): a rank whose cache hits
+    ranks (aot_partition.costs.spmd.partitioning_runs_collectives): a rank whose cache hits
     skips partitioning and would leave the others waiting in its collectives (a hang, or a
     collective mismatched with the next one). Every rank decides the same from the same
     flags (``config``: what the partitioner will read). Inductor's FX graph cache stays on: it
     runs after partitioning."""
-    from aot_partition.fx.spmd import partitioning_runs_collectives
+    from aot_partition.costs.spmd import partitioning_runs_collectives
 
     if not partitioning_runs_collectives(config):
         return contextlib.nullcontext()

@@ -91,7 +91,7 @@ class PipelineOptions:
     defer_full_gc: bool = True
     memory_peak_bytes: int | None = None
     memory_peak_fraction: float | None = None
-    # The LM head and its loss in chunks of tokens (aot_partition.fx.token_split): "auto"
+    # The LM head and its loss in chunks of tokens (aot_partition.split.token_split): "auto"
     # splits only when a peak cap cannot be met otherwise, False never, an int N >= 2 always.
     split: str | int | bool = "auto"
 

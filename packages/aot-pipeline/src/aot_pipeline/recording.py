@@ -39,7 +39,7 @@ class PartitionRecorder:
 
     partitions: list[RecordedPartition] = field(default_factory=list)
     bypass_caches: bool = True
-    # The LM-head splits made (aot_partition.fx.token_split.SplitDecision) and the losses
+    # The LM-head splits made (aot_partition.split.token_split.SplitDecision) and the losses
     # left whole with the reason (LeftAlone), one entry per site per compiled graph.
     splits: list[Any] = field(default_factory=list)
     split_left_alone: list[Any] = field(default_factory=list)

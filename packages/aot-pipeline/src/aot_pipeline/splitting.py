@@ -2,7 +2,7 @@
 
 ``options.split`` (``aot_config.functorch.activation_token_split``):
 
-- an int N >= 2: every recognised loss site (aot_partition.fx.token_split) is split into N
+- an int N >= 2: every recognised loss site (aot_partition.split.token_split) is split into N
   chunks (MLPs are split by "auto" only);
 - False: never;
 - "auto" (the default): without a peak cap nothing changes. Under a peak cap the graph is
@@ -105,7 +105,7 @@ def extra_recompute(record: PartitionRecorder) -> float | None:
     as separate passes, far above what Inductor's fused loss runs."""
     from aot_config import functorch as functorch_flags
     from aot_partition import min_cut_rematerialization_partition
-    from aot_partition.budget.caps import recompute_estimate
+    from aot_partition.costs.cut_runtime import recompute_estimate
 
     graphs = [(p.forward.graph, p.backward.graph) for p in record.partitions
               if p.backward is not None]
@@ -147,7 +147,7 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
             recorder.split_left_alone.extend(left)
 
     def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        from aot_partition.fx.token_split import find_split_sites
+        from aot_partition.split.token_split import find_split_sites
 
         sites, left = find_split_sites(gm)
         note_left_alone(left)
@@ -217,7 +217,7 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         chunks with its gradients made in the forward (no matmul more), then its logits
         recomputed (one matmul more); then the MLPs too (each recomputes its input
         projections in the backward), the same two ways."""
-        from aot_partition.fx.token_split import find_split_sites
+        from aot_partition.split.token_split import find_split_sites
 
         gap = unreachable.least - unreachable.cap
         mlp_sites, mlp_left = find_split_sites(whole, kinds=("mlp",))
@@ -262,7 +262,7 @@ def _compile_split(gm: fx.GraphModule, example_inputs: Sequence[Any], chunks: in
                    ) -> tuple[CompiledGraph, list[Any]]:
     """The sites of ``kinds`` in ``gm`` split in place into ``chunks`` and compiled; the
     decisions made."""
-    from aot_partition.fx.token_split import find_split_sites, split_token_wise
+    from aot_partition.split.token_split import find_split_sites, split_token_wise
 
     sites = find_split_sites(gm, kinds=kinds)[0]
     decisions = split_token_wise(gm, chunks, sites=sites, mode=mode)

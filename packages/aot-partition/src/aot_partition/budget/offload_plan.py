@@ -15,7 +15,7 @@ forward+backward order); its gain is the device memory freed over that window.
   in the decision.
 - ``plan_within_bytes(search, nbytes)``: the same under a cap on device bytes.
 - ``plan_under_peak(...)``: the fastest plan whose simulated forward+backward peak (offloaded
-  values freed over their window, as fx/memory.py simulates the rewritten graphs) fits a
+  values freed over their window, as memory_models/simulator.py simulates the rewritten graphs) fits a
   cap, among a fixed set of plans; monotone in the
   cap, ``UnreachableMemoryBudgetError`` (caps.py's wording) with the least reachable peak.
 - ``parse_memory_budget``: ``0.5``, ``"300MiB"`` (saved bytes) or ``"20GiB peak"``.
@@ -42,21 +42,18 @@ from ..core.offload_milp import (
     least_saved_bytes,
     solve_keep_recompute_offload,
 )
+from ..costs import roofline
+from ..costs.cut_runtime import step_estimate
+from ..costs.estimators import estimate_runtime
 from ..errors import UnreachableMemoryBudgetError
-from ..fx import memory, roofline
-from ..fx.estimators import estimate_runtime
+from ..fx.cut import extract_cut, finish_cut
 from ..fx.joint import is_bwd_seed_offset, is_tangent
 from ..fx.offload import host_link_bandwidth, offload_obstacle, offload_saved_values
 from ..fx.regions import parse_region_budget
 from ..fx.sizes import node_nbytes
-from .caps import (
-    BYTE_BUDGET_FRACTIONS,
-    extract_cut,
-    finish_cut,
-    step_estimate,
-    validate_memory_budget_bytes,
-    validate_peak_bytes,
-)
+from ..memory_models import simulator as memory
+from .candidates import BYTE_BUDGET_FRACTIONS
+from .caps import validate_memory_budget_bytes, validate_peak_bytes
 from .search import BudgetSearch, _ilp_forward_nodes, _ilp_savable, validate_memory_budget
 
 log = logging.getLogger(__name__)
@@ -424,7 +421,7 @@ def measure_plan(plan: ActivationPlan, joint_module: fx.GraphModule, num_fwd_out
                  *, static_input_indices: Sequence[int] | None = None,
                  bandwidth_gbps: float | None = None) -> PeakPlan:
     """Simulate one step under ``plan``: its graphs as the partition builds them, with the
-    offloaded values rewritten by fx/offload.py and simulated by fx/memory.py (freed over
+    offloaded values rewritten by fx/offload.py and simulated by memory_models/simulator.py (freed over
     their window, transfers recorded), the plan's exposed copies charged. ``bandwidth_gbps``:
     the host link (None: fx/offload.py's device table)."""
     cut = extract_cut(joint_module, plan.saved, num_fwd_outputs=num_fwd_outputs)

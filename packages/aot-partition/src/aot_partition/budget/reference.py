@@ -15,7 +15,7 @@ a cold compile: importing scipy.optimize takes 0.2 s of CPU and each solve 10-50
 made a whole cold compile of a 2-block Llama at 0.5 slower than Inductor's own (1.04, 0.98
 without it; benchmarks/RESULTS-compile-time.md), for estimated steps up to 4% shorter.
 
-When the cuts differ, each is simulated (memory.py: the step's absolute peak) and each step is
+When the cuts differ, each is simulated (memory_models/simulator.py: the step's absolute peak) and each step is
 estimated with the call's estimator (``caps.step_estimate``). The answer is the candidate with
 the least estimated step (then the least peak, then the search's own cut first) among those
 no worse than the reference cut on both; the reference cut itself always qualifies.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import torch.fx as fx
 
-from .caps import CutMeasure, SimulatedPeak
+from .peak import CutMeasure, SimulatedPeak
 from .search import BudgetSearch
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from ..core.knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
+from ..costs.estimators import estimate_runtime
 from ..errors import UnreachableMemoryBudgetError
-from ..fx.estimators import estimate_runtime
 from ..fx.regions import RegionBudget, Regions
 from ..fx.sizes import saved_buffers
 from .search import (

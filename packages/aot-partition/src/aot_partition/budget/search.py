@@ -48,10 +48,10 @@ from ..core.graph import CoreGraph
 from ..core.ilp_graph import SaveOrRecompute, evaluate, solve_save_or_recompute
 from ..core.knapsack import KNAPSACK_SOLVERS, KnapsackResult, dp_knapsack, get_knapsack_solver
 from ..core.rules import use_distances
-from ..fx import spmd
+from ..costs import spmd
+from ..costs.estimators import check_estimator, estimate_runtime
 from ..fx.classify import FAR_FROM_BACKWARD, NodeInfo, default_op_types
 from ..fx.context import PolicyContext
-from ..fx.estimators import check_estimator, estimate_runtime
 from ..fx.extract import backward_live_nodes
 from ..fx.joint import is_bwd_seed_offset, is_random, is_tangent
 from ..fx.network import NetworkMemo, core_options

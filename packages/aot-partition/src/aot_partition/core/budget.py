@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 __all__ = ["BUDGET_FRACTIONS", "FRACTION_OF", "BudgetedPartition", "CoreBudget",
            "partition_under_budget"]
 
-# The fractions whose knapsack cuts are candidates (1, 31/32, ..., 0), as budget/caps.py has.
+# The fractions whose knapsack cuts are candidates (1, 31/32, ..., 0), as budget/candidates.py has.
 GRID = 32
 BUDGET_FRACTIONS = tuple(i / GRID for i in range(GRID, -1, -1))
 # What a fraction is a fraction of (``partition_under_budget``'s ``fraction_of``): "span", the

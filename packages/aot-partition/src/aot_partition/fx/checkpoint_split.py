@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 
-from ..budget.caps import CutGraphs, finish_cut
+from .cut import CutGraphs, finish_cut
 from .extract import (
     extract_forward_backward_graphs,
     extract_subgraph,

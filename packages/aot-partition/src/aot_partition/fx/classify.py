@@ -17,7 +17,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.sym_node import magic_methods, method_to_operator
 
-from . import chunked_loss, chunked_mlp
+from ..split import chunked_loss, chunked_mlp
 from .joint import (
     ancestors_within,
     aten_packet,

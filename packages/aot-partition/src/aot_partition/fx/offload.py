@@ -32,7 +32,8 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import is_sym_node
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .estimators import estimate_runtime
+from ..costs.estimators import estimate_runtime
+from ..costs.roofline import device_numbers, moves_nothing
 from .joint import is_backward_state, is_bwd_seed_offset, is_tangent
 from .passes.offload_ops import (
     OFFLOAD_META,
@@ -42,7 +43,6 @@ from .passes.offload_ops import (
     wait_offload,
     wait_prefetch,
 )
-from .roofline import device_numbers, moves_nothing
 from .sizes import is_opaque, node_nbytes, size_hint
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..fx.memory import KINDS, MemoryTimeline
+from ..memory_models.simulator import KINDS, MemoryTimeline
 from .draw import _require
 
 log = logging.getLogger(__name__)

@@ -24,19 +24,15 @@ from typing import Any, Protocol
 
 import torch.fx as fx
 
-from ..budget.caps import (
-    CutCandidate,
-    SimulatedPeak,
-    activation_bytes,
-    candidate,
-    recompute_estimate,
-)
+from ..budget.candidates import CutCandidate, activation_bytes, candidate
+from ..budget.peak import SimulatedPeak
 from ..budget.search import BudgetSearch
 from ..config import PartitionConfig
-from ..fx import memory
+from ..costs.cut_runtime import recompute_estimate
+from ..costs.estimators import check_estimator
 from ..fx.classify import classify
-from ..fx.estimators import check_estimator
 from ..fx.prepare import prepared_joint
+from ..memory_models import simulator as memory
 from .draw import plot_pareto
 
 log = logging.getLogger(__name__)

@@ -129,7 +129,7 @@ class PartitionReport:
     peak_bytes: int | None = None              # the cap on the simulated peak, if one was set
     # Under a peak cap: the chosen cut's modelled forward+backward peak (caps.SimulatedPeak:
     # absolute, the step's inputs and parameters included) and the model that priced it
-    # ("inductor" or "eager": fx/memory_models.py).
+    # ("inductor" or "eager": memory_models/pricing.py).
     simulated_peak_bytes: int | None = None
     memory_model: str | None = None
     # At a fraction between 0 and 1: the reference check (reference.py), None when it did not

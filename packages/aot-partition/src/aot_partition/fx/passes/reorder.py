@@ -75,7 +75,7 @@ def _getitems_after_their_tuple(new_order: list[fx.Node],
     """``new_order`` with each ``getitem`` moved up to right after the node whose tuple it
     reads. A recomputed multi-output op (``native_layer_norm``) may have one output read at
     once and the others only much later; until its last ``getitem`` runs, the tuple holds
-    every output alive (in the generated code, and in memory.py's model), so taking them all
+    every output alive (in the generated code, and in memory_models/simulator.py's model), so taking them all
     at once frees an output after its own last use. A ``getitem`` allocates nothing."""
     kept = set(new_order)
     getitems = {node: [u for u in node.users if u.target is operator.getitem and u in kept

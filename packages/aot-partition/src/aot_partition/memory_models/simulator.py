@@ -37,12 +37,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import py_sym_types
 
-from ._compat import check_real_tensors, real_kernels
-from .estimators import _signature
-from .joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
-from .passes.offload_ops import OFFLOAD_META, offload_to_host
-from .passes.reorder import _backward_order
-from .sizes import (
+from ..costs.estimators import _signature
+from ..fx._compat import check_real_tensors, real_kernels
+from ..fx.joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
+from ..fx.passes.offload_ops import OFFLOAD_META, offload_to_host
+from ..fx.passes.reorder import _backward_order
+from ..fx.sizes import (
     has_no_result,
     saved_bytes,
     schema_alias_arg,
@@ -54,7 +54,7 @@ from .sizes import (
 )
 
 if TYPE_CHECKING:
-    from .extract import CutPlan
+    from ..fx.extract import CutPlan
 
 log = logging.getLogger(__name__)
 
@@ -789,7 +789,7 @@ def simulate_joint(
     """Cut ``joint_module`` at ``saved_values`` (default: the default partition's, every
     forward value the backward reads) and simulate the step; ``options`` go to
     ``simulate_partition``. The joint is not modified."""
-    from .extract import default_saved_values, extract_forward_backward_graphs
+    from ..fx.extract import default_saved_values, extract_forward_backward_graphs
 
     if saved_values is None:
         saved_values, default_syms = default_saved_values(joint_module, num_fwd_outputs)
@@ -995,7 +995,7 @@ def profiled_workspace(node: fx.Node,
     if not isinstance(target, torch._ops.OpOverload) or any(
             r.alias_info is not None for r in target._schema.returns):
         return 0
-    from . import chunked_loss, chunked_mlp
+    from ..split import chunked_loss, chunked_mlp
 
     if target in chunked_loss.CHUNKED_OPS or target in chunked_mlp.CHUNKED_OPS:
         # Ours: measured like any op where that is cheap (a library's scratch, e.g. oneDNN's
@@ -1033,7 +1033,7 @@ def _op_flops(target: Any, args: Any) -> float:
 @functools.cache
 def _split_ops() -> frozenset[Any]:
     # Imported on first use (the chunked ops register torch ops), then a set lookup per node.
-    from . import chunked_loss, chunked_mlp
+    from ..split import chunked_loss, chunked_mlp
 
     return frozenset((*chunked_loss.CHUNKED_OPS, *chunked_mlp.CHUNKED_OPS))
 

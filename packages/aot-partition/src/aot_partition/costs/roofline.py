@@ -36,7 +36,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from .sizes import size_hint
+from ..fx.sizes import size_hint
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ def _cuda_numbers(index: int) -> DeviceNumbers:
     found = lookup(name) if name is not None else None
     if found is None:
         log.warning("roofline: CUDA device %r is not in the table; using %s (override with "
-                    "aot_partition.fx.roofline.set_device_numbers)", name, CONSERVATIVE_CUDA.name)
+                    "aot_partition.costs.roofline.set_device_numbers)", name, CONSERVATIVE_CUDA.name)
         return CONSERVATIVE_CUDA
     log.info("roofline: CUDA device %r uses the %r numbers", name, found.name)
     return found
@@ -208,7 +208,7 @@ def _cuda_numbers(index: int) -> DeviceNumbers:
 @functools.lru_cache(None)
 def _log_fallback_once(device_type: str) -> None:
     log.warning("roofline: no numbers for device type %r; using %s (override with "
-                "aot_partition.fx.roofline.set_device_numbers)", device_type, CONSERVATIVE_CPU.name)
+                "aot_partition.costs.roofline.set_device_numbers)", device_type, CONSERVATIVE_CPU.name)
 
 
 def device_numbers(device: torch.device) -> DeviceNumbers:
@@ -287,7 +287,7 @@ def bytes_moved(node: fx.Node) -> int:
         read = min(touched_bytes(inputs[0]), written) + sum(touched_bytes(v) for v in inputs[1:])
     else:
         read = sum(touched_bytes(v) for v in inputs)
-    from . import chunked_loss, chunked_mlp
+    from ..split import chunked_loss, chunked_mlp
 
     if node.target in chunked_loss.CHUNKED_OPS:  # its passes over each chunk's logits
         args = pytree.tree_map_only(fx.Node, lambda a: a.meta.get("val"), node.args)

@@ -62,7 +62,7 @@ import torch.fx as fx
 
 from ..config import PartitionConfig
 from ..errors import PartitionDisagreementError
-from .collectives import is_collective
+from ..fx.collectives import is_collective
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _all_reduce_max(values: Sequence[float] | Sequence[int], dtype: torch.dtype)
     caller traces under a fake mode)."""
     import torch.distributed as dist
 
-    from ._compat import real_kernels
+    from ..fx._compat import real_kernels
 
     with real_kernels():
         tensor = torch.tensor(list(values), dtype=dtype, device=_collective_device())
@@ -268,7 +268,7 @@ def check_saved_agreement(saved: Sequence[fx.Node], config: PartitionConfig) -> 
 
 @contextlib.contextmanager
 def _real() -> Iterator[None]:
-    from ._compat import real_kernels
+    from ..fx._compat import real_kernels
 
     with real_kernels():
         yield

@@ -36,7 +36,7 @@ def dominates(big: Terms, small: Terms) -> bool:
 
 def peak_expressions(mem: Any, inputs: Sequence[Any]) -> tuple[Any, ...]:
     """The candidates for the step's absolute peak at every shape (see the module doc), as
-    sympy expressions; empty when no buffer has a symbolic size. ``mem``: memory.py's
+    sympy expressions; empty when no buffer has a symbolic size. ``mem``: simulator.py's
     ``_Memory`` after a step; ``inputs``: its buffers alive before the step."""
     if not any(b.expr is not None for b in mem.buffers):
         return ()

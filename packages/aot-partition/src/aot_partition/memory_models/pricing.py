@@ -1,11 +1,11 @@
 """Which memory model prices a cut: the program Inductor compiles, or the FX graphs as they are.
 
-- ``"inductor"`` (inductor_memory.py): the buffers Inductor's compiled forward and backward
+- ``"inductor"`` (inductor.py): the buffers Inductor's compiled forward and backward
   allocate (fusion, in-place reuse, donated saved tensors, its memory plan), found by lowering
   the two graphs without compiling kernels. Exact against the profiler on CPU where measured
   (benchmarks/RESULTS-compiled-memory.md); a lowering costs about as much as Inductor's own
   lowering and scheduling of the graph (no kernel compile).
-- ``"eager"`` (memory.py): every FX node's output materialized, freed after its last use: the
+- ``"eager"`` (simulator.py): every FX node's output materialized, freed after its last use: the
   program nop, debug and TorchScript compilers run, and an upper bound of Inductor's.
 - ``"auto"``: ``"inductor"`` when Inductor is the caller (its ``custom_partitioner_fn`` is set
   while it partitions), else ``"eager"``.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from . import memory
-from .inductor_memory import InductorMemoryError, lower_partition
+from . import simulator as memory
+from .inductor import InductorMemoryError, lower_partition
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def price_partition(fw: fx.Graph, bw: fx.Graph, model: str, *,
     ``record_steps=False``: the eager model keeps no per-step records (the peak only, as a
     search needs; memory.simulate_partition)."""
     if model == "inductor":
-        from .spmd import multi_rank
+        from ..costs.spmd import multi_rank
 
         try:
             step = lower_partition(fw, bw, owner, workspace=not multi_rank())

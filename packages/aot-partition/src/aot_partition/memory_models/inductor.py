@@ -8,7 +8,7 @@ its own peak estimate. Rather than imitate those rules, this model asks Inductor
 the scheduler's fusion and reordering, wrapper code generation with its memory plan), but no
 kernel is compiled. The wrapper's planned lines (allocate, reuse, reinterpret, free, extern
 kernels that allocate their outputs) are the program's buffer events; ``replay`` runs them
-through memory.py's step (forward inputs held by the caller, saved values moved into the
+through simulator.py's step (forward inputs held by the caller, saved values moved into the
 backward, tangents allocated when it starts, gradients kept), so the result is the same
 ``MemoryTimeline`` the unfused simulator returns.
 
@@ -31,7 +31,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .memory import (
+from ..fx.sizes import saved_bytes, storage_key, tensor_nbytes
+from .simulator import (
     MemoryTimeline,
     _backward_inputs,
     _forward_inputs,
@@ -42,7 +43,6 @@ from .memory import (
     _timeline,
     _Value,
 )
-from .sizes import saved_bytes, storage_key, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -350,8 +350,8 @@ def _extern_origin(node: Any) -> fx.Node | None:
 def _is_chunked_loss(node: Any) -> bool:
     """An extern call of the split's ops (chunked_loss): their scratch is known from the shapes,
     so it is counted even where measuring library scratch is off."""
-    from .chunked_loss import CHUNKED_OPS
-    from .chunked_mlp import CHUNKED_OPS as CHUNKED_MLP_OPS
+    from ..split.chunked_loss import CHUNKED_OPS
+    from ..split.chunked_mlp import CHUNKED_OPS as CHUNKED_MLP_OPS
 
     op = getattr(node, "op_overload", None)
     return op in CHUNKED_OPS or op in CHUNKED_MLP_OPS
@@ -362,7 +362,7 @@ def _extern_workspace(node: Any, with_outputs: bool = False) -> list[Event]:
     op run on tensors laid out as the kernel's inputs are (Inductor may have made them
     channels-last, which changes what a library reorders). ``with_outputs``: the transient
     includes the op's outputs (a multi-output kernel's items, not yet allocated here)."""
-    from .memory import profiled_workspace
+    from .simulator import profiled_workspace
 
     origin = _extern_origin(node)
     if origin is None or "val" not in origin.meta:
@@ -543,8 +543,8 @@ SizeOf = Callable[[Any], int]
 def hinted_sizes(shape_env: Any = None) -> SizeOf:
     """Evaluate a size at the shape symbols' hints (the shapes the graph was traced at); a
     symbol without one (unbacked) counts as ``sizes.UNBACKED_FALLBACK``, as ``size_hint``."""
+    from ..fx.sizes import UNBACKED_FALLBACK
     from .shape_guards import shape_hints
-    from .sizes import UNBACKED_FALLBACK
 
     hints = shape_hints(shape_env)
 
@@ -564,7 +564,7 @@ def sizes_at(values: Mapping[sympy.Symbol, int]) -> SizeOf:
 
 
 class _Replay:
-    """Runs a graph's events on memory.py's reference-counted buffers."""
+    """Runs a graph's events on simulator.py's reference-counted buffers."""
 
     def __init__(self, mem: _Memory, phase: str, size_of: SizeOf) -> None:
         self.mem = mem
@@ -646,7 +646,7 @@ class StepMemory:
                  size_of: SizeOf | None = None, allocator: str | None = None
                  ) -> MemoryTimeline:
         """The step's memory timeline at the traced shapes (or at ``size_of``'s);
-        ``allocator="cuda"`` counts the CUDA caching allocator's blocks (memory.py)."""
+        ``allocator="cuda"`` counts the CUDA caching allocator's blocks (simulator.py)."""
         size_of = size_of if size_of is not None else hinted_sizes(self.shape_env)
         layout = _layout(self.fw, self.bw)
         mem = _Memory(alignment, allocator)
@@ -673,7 +673,7 @@ class StepMemory:
 
 
 def _resize(values: Sequence[_Value], size_of: SizeOf) -> None:
-    """Inputs and tangents sized at ``size_of``'s shapes (memory.py sizes them at the hints;
+    """Inputs and tangents sized at ``size_of``'s shapes (simulator.py sizes them at the hints;
     their ``expr`` already carries the allocator's rounding)."""
     for value in values:
         for _, buf in value:

@@ -41,11 +41,11 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 
 from ..config import PartitionConfig, collective_bandwidth_gbps
+from ..fx._compat import check_real_tensors, real_kernels
+from ..fx.collectives import collective_seconds, is_collective
+from ..fx.sizes import size_hint
 from . import spmd
-from ._compat import check_real_tensors, real_kernels
-from .collectives import collective_seconds, is_collective
 from .roofline import is_matmul_like, roofline_seconds, settings_version
-from .sizes import size_hint
 
 log = logging.getLogger(__name__)
 
