@@ -30,7 +30,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import _compat
+from . import _compat, torch_chunkers
 from .gc_deferral import full_collections_deferred
 from .options import PipelineOptionError, PipelineOptions, inductor_pairs, split_options
 from .recording import PartitionRecorder
@@ -136,6 +136,9 @@ def make_partition_fn(options: PipelineOptions,
 
         if recorder is not None:
             recorder.record_joint(joint_module, joint_inputs, kwargs)
+        chunkers = torch_chunkers.describe(joint_module.graph)
+        if chunkers is not None:
+            log.info("%s", chunkers)
         with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
                        options.memory_budget_best_effort, options.memory_peak_bytes,
                        options.memory_peak_fraction):
