@@ -145,7 +145,8 @@ def make_partition_fn(options: PipelineOptions,
             forward, backward = min_cut_rematerialization_partition(
                 joint_module, joint_inputs, **kwargs)
         if recorder is not None:
-            recorder.record_forward(forward, backward, kwargs.get("num_fwd_outputs"))
+            recorder.record_forward(forward, backward, kwargs.get("num_fwd_outputs"),
+                                    kwargs.get("static_lifetime_input_indices"))
         log.debug("partitioned a joint graph (budget %s, %s bytes, solver %s)",
                   options.memory_budget, options.memory_budget_bytes, options.solver)
         return forward, backward

@@ -137,7 +137,8 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         if it had recorded them (through ``record_forward``, which callers may wrap)."""
         if recorder is not None:
             for p in record.partitions:
-                recorder.record_forward(p.forward, p.backward, p.num_fwd_outputs)
+                recorder.record_forward(p.forward, p.backward, p.num_fwd_outputs,
+                                        p.static_input_indices, as_partitioned=p.as_partitioned)
             recorder.splits.extend(decisions)
 
     def note_left_alone(left: Sequence[Any]) -> None:
