@@ -396,3 +396,20 @@ def test_the_flag_sets_the_default_and_a_contradicting_option_is_refused():
         assert aot_pipeline.compile(nn.Linear(2, 2)).options.split == 8
         with pytest.raises(OptionFlagConflictError, match="split"):
             aot_pipeline.compile(nn.Linear(2, 2), split=4)
+
+
+def test_against_recompute_auto_tries_more_chunks_down_to_128_tokens():
+    """Issue 50: under a cap the whole graph met by recomputing, "auto" compared only the split
+    in chunks of >= 1,024 tokens (2 chunks of 2,048 tokens), which still recomputed; 16 chunks
+    fit with none. The counts tried now double from there down to 128 tokens a chunk."""
+    from types import SimpleNamespace
+
+    from aot_pipeline.splitting import split_counts_against_recompute
+
+    def sites(tokens):
+        return [SimpleNamespace(tokens=tokens, bytes_saved=lambda k: 0)]
+
+    assert split_counts_against_recompute(sites(2048)) == [2, 4, 8, 16]
+    assert split_counts_against_recompute(sites(8192)) == [8, 16, 32, 64]
+    assert split_counts_against_recompute(sites(256)) == [2]  # 128 tokens a chunk at most
+    assert split_counts_against_recompute(sites(2**20)) == [64]  # MAX_CHUNKS

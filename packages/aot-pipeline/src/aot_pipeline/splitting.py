@@ -13,10 +13,11 @@
   device's peak). Gradients are made in the forward (no matmul more than unsplit); only if no
   count fits that way, the most chunks with the logits recomputed in the backward (one matmul
   more, nothing but the log-sum-exp kept). The last error is raised if nothing fits. When the
-  cap is reachable whole but only by recomputing, the split (the most chunks of at least 1,024
-  tokens) is compiled too and the one whose cut recomputes less beyond its uncapped cut (the
-  roofline's estimate; the loss itself is not compared, as the roofline prices an unsplit loss
-  unfused) is kept: the cheapest way to fit. Reachable whole with no more recompute than
+  cap is reachable whole but only by recomputing, splits are compiled too (from the most
+  chunks of at least 1,024 tokens, doubling while the split still recomputes beyond its
+  uncapped cut, down to 128 tokens a chunk) and the plan whose cut recomputes least beyond its
+  uncapped cut (the roofline's estimate; the loss itself is not compared, as the roofline
+  prices an unsplit loss unfused) is kept: the cheapest way to fit. Reachable whole with no more recompute than
   uncapped: never split. Only when no split of the loss fits are the MLPs split too
   (``find_split_sites(kinds=("mlp",))``: the Mini-Sequence Transformer's split, each MLP
   recomputing its input projections in the backward); a graph without a loss but with MLPs
@@ -96,6 +97,17 @@ def preferred_chunks(sites: Sequence[Any]) -> int:
     while k * 2 <= MAX_CHUNKS and tokens // (k * 2) >= PREFERRED_CHUNK_TOKENS:
         k *= 2
     return k
+
+
+def split_counts_against_recompute(sites: Sequence[Any]) -> list[int]:
+    """The chunk counts tried against a whole graph that fits only by recomputing:
+    ``preferred_chunks`` first, doubling up to the most ``chunk_counts`` allows (at least
+    ``MIN_CHUNK_TOKENS`` a chunk)."""
+    most = chunk_counts(sites, 0)[-1]
+    counts = [preferred_chunks(sites)]
+    while counts[-1] * 2 <= most:
+        counts.append(counts[-1] * 2)
+    return counts
 
 
 def extra_recompute(record: PartitionRecorder) -> float | None:
@@ -180,34 +192,42 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
     def _cheaper_of(whole: fx.GraphModule, example_inputs: Sequence[Any], sites: Sequence[Any],
                     compiled: CompiledGraph, whole_record: PartitionRecorder) -> CompiledGraph:
         """The whole graph fits the cap. If it fits only by recomputing more than it does
-        uncapped, the split is compiled too and the one the cap costs less recompute (roofline)
-        is kept: splitting may let the cut keep what the whole graph had to recompute."""
+        uncapped, splits are compiled too, from ``preferred_chunks`` doubling up to
+        ``chunk_counts``' most, until one fits with no recompute beyond its uncapped cut; the
+        plan the cap costs the least recompute (roofline) is kept, the whole graph on a tie:
+        splitting may let the cut keep what the whole graph had to recompute, and more chunks
+        free more (issue 50: at a cap 2 chunks still recompute, 16 do not)."""
         whole_extra = extra_recompute(whole_record)
         if whole_extra is None or whole_extra <= 0:
             adopt(whole_record)
             return compiled
-        chunks = preferred_chunks(sites)
-        split_record = PartitionRecorder(keep_joints=True)
-        try:
-            split_compiled, decisions = _compile_split(
-                copy.deepcopy(whole), example_inputs, chunks,
-                compiler_for(probe_options, split_record), "forward_grads", ("loss",))
-        except Exception as error:
-            if _unreachable(error) is None:
-                raise
-            log.info("whole graph kept: it fits the peak cap recomputing %.3g ms more than "
-                     "uncapped (est.); split in %d it does not fit", whole_extra * 1e3, chunks)
-            adopt(whole_record)
-            return compiled
-        split_extra = extra_recompute(split_record)
-        split_extra = float("inf") if split_extra is None else split_extra
-        chosen = split_extra < whole_extra
+        best: tuple[float, int, CompiledGraph, PartitionRecorder, list[Any]] | None = None
+        tried: list[str] = []
+        for chunks in split_counts_against_recompute(sites):
+            split_record = PartitionRecorder(keep_joints=True)
+            try:
+                split_compiled, decisions = _compile_split(
+                    copy.deepcopy(whole), example_inputs, chunks,
+                    compiler_for(probe_options, split_record), "forward_grads", ("loss",))
+            except Exception as error:
+                if _unreachable(error) is None:
+                    raise
+                tried.append(f"split in {chunks}: does not fit")
+                continue
+            split_extra = extra_recompute(split_record)
+            split_extra = float("inf") if split_extra is None else split_extra
+            tried.append(f"split in {chunks}: {split_extra * 1e3:.3g} ms")
+            if best is None or split_extra < best[0]:
+                best = (split_extra, chunks, split_compiled, split_record, decisions)
+            if split_extra <= 0:
+                break
+        chosen = best is not None and best[0] < whole_extra
         log.info("under the peak cap the whole graph recomputes %.3g ms more than uncapped "
-                 "(est.), split in %d: %.3g ms: %s", whole_extra * 1e3, chunks,
-                 split_extra * 1e3, "split" if chosen else "whole kept")
-        if chosen:
-            adopt(split_record, decisions)
-            return split_compiled
+                 "(est.); %s: %s", whole_extra * 1e3, "; ".join(tried),
+                 f"split in {best[1]}" if chosen and best is not None else "whole kept")
+        if chosen and best is not None:
+            adopt(best[3], best[4])
+            return best[2]
         adopt(whole_record)
         return compiled
 
