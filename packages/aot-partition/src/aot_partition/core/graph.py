@@ -467,11 +467,15 @@ def activation_bytes(graph: CoreGraph, indices: Iterable[int]) -> int:
 
 
 def check_has_backward(graph: CoreGraph) -> None:
-    """A graph to partition has a backward: a tangent input or a node ``in_backward``.
-    Without one (a training step traced whole, as ``jax.value_and_grad``'s jaxpr is) every
-    node would run in the forward and every gradient would be "saved": an answer that means
-    nothing, so it is refused."""
-    if graph.nodes and not any(n.in_backward or n.category == "tangent" for n in graph.nodes):
+    """A graph to partition has a backward: a tangent input, a node ``in_backward``, or a
+    value the backward needs that the forward does not compute (``backward`` and not
+    ``forward``: a gradient of a joint whose tangents were made constants, which torch's
+    partitioner splits too: the gradient is computed in the forward and saved, or recomputed).
+    Without one (a training step traced whole, as ``jax.value_and_grad``'s jaxpr is: every
+    gradient ``forward``) every node would run in the forward and every gradient would be
+    "saved": an answer that means nothing, so it is refused."""
+    if graph.nodes and not any(n.in_backward or n.category == "tangent"
+                               or (n.backward and not n.forward) for n in graph.nodes):
         raise CoreGraphError(
             "the graph has no backward: no node is in_backward and none is a tangent, so there "
             "is nothing to split; mark the backward's nodes in_backward=True (those that "
