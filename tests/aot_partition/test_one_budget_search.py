@@ -9,7 +9,7 @@ ample cap). What this proves equal, and what it shows differs (ARCHITECTURE.md, 
 searches, and why"):
 
 - equal: the runtime-optimal cut (fraction 1.0 in both meanings, and both caps), the knapsack
-  items and their runtimes, and every answer where releasing frees nothing (the dropout net);
+  items and their runtimes;
 - different: the answers between the ends, where the fx path keeps torch's escalation and trusts
   the knapsack's cut (its saved sets are torch's: test_saved_sets_golden) while the core
   measures each candidate cut, and the byte measure the caps compare (the core counts each node's
@@ -133,20 +133,27 @@ def test_five_budgets(name, capture):
         assert core_bytes <= found["optimal_fx_bytes"], budget
 
 
-def test_equal_at_every_fraction_where_releasing_frees_nothing(capture):
+def test_the_core_frees_on_the_dropout_net_what_the_fx_search_cannot(capture):
     """The dropout net's one knapsack item (the dropout, saved with its RNG state when
-    recomputed) frees nothing in either measure: both answer the runtime-optimal cut at every
-    fraction."""
+    recomputed) frees nothing in the fx measure: the fx path answers the runtime-optimal cut at
+    every fraction. The core's recompute-everything cut priced by bytes (issue 52, item 5)
+    recomputes the linear layer and its relu from the inputs, keeping the dropout's outputs:
+    fewer bytes in both measures, below 1.0."""
     found = answers("dropout", capture)
+    everything = ["primals_1", "primals_2", "primals_3", "primals_5", "getitem", "getitem_1"]
     for budget in BUDGETS:
-        assert found["fx"][budget] == found["core"][budget] == found["optimal"], budget
+        assert found["fx"][budget] == found["optimal"], budget
+        assert found["core"][budget] == (found["optimal"] if budget == 1.0 else everything)
+        fx_bytes, core_bytes = found["fx_bytes"][budget]
+        assert (fx_bytes, core_bytes) == ((576, 576) if budget == 1.0 else (576, 320)), budget
 
 
 def test_the_searches_differ_between_the_ends(capture):
     """Why two searches stay (ARCHITECTURE.md): between the ends the fx path's escalation and
     knapsack (torch's answers) and the core's measured candidates choose other cuts. On the
-    zoo GPT at 0.5 the fx path saves 17,408 bytes (its measure) and the core 6,784, at more
+    zoo GPT at 0.5 the fx path saves 17,408 bytes (its measure) and the core 5,760, at more
     estimated recompute. When this fails the searches agree here: update ARCHITECTURE.md."""
     found = answers("gpt", capture)
     assert found["fx"][0.5] != found["core"][0.5]
     assert found["fx"][0.0] != found["core"][0.0]
+    assert found["fx_bytes"][0.5] == (17_408, 5_760)
