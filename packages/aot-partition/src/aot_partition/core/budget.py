@@ -14,10 +14,13 @@ The search, runtime-aware:
    every item released ("recompute everything"); that cut again with the save costs the byte
    measure counts (inputs, parameters and seeds free, no bias), when it saves fewer bytes
    ("recompute everything, fewest bytes": the min cut's save costs weigh an input far from the
-   backward above an intermediate near it). Each is measured once: its saved bytes (inputs,
-   parameters and seeds free: they live anyway), its recompute runtime
-   (the summed ``runtime`` of what the backward recomputes) and, under a peak cap, its
-   simulated peak (timeline.py).
+   backward above an intermediate near it); and, priced the same way, the cut that keeps the
+   ``compute`` nodes banned (runtime or not) and releases every other item ("compute saved, the
+   rest recomputed": jax's ``dots_saveable``, whose cut is one of this network's, so under its
+   bytes the answer recomputes no more, wherever the core may make that cut at all). Each is
+   measured once: its saved bytes (inputs, parameters and seeds free: they live anyway), its
+   recompute runtime (the summed ``runtime`` of what the backward recomputes) and, under a peak
+   cap, its simulated peak (timeline.py).
 4. A budget chooses among the cuts that fit it: the runtime-optimal cut when it fits, else
    the least recompute runtime, then the fewer bytes, then the earlier candidate. A fraction
    ``f`` allows ``least + f * (optimal - least)`` saved bytes, ``least`` being the fewer of
@@ -103,6 +106,9 @@ _PROBE_RANK = 1 << 30  # after every fixed candidate; ties among probes: by rele
 RUNTIME_BAN = "recomputing it costs runtime {runtime:g}"
 # The label of the recompute-everything cut priced by the byte measure (the fewest bytes).
 FEWEST_BYTES = "recompute everything, fewest bytes"
+# The label of the cut that keeps the compute nodes saved (jax's dots_saveable).
+COMPUTE_SAVED = "compute saved, the rest recomputed"
+COMPUTE_BAN = "a compute node: saved as jax's dots_saveable saves it"
 # UnreachableMemoryBudgetError's wording, per budget kind (budget/caps.py's words).
 _UNREACHABLE_WORDS = {"saved_bytes": ("activation memory budget", "save"),
                       "peak_bytes": ("simulated memory peak cap", "peak at")}
@@ -244,8 +250,9 @@ class _Search:
         self._tolerances: dict[str, float] = {}
 
     def _candidate(self, label: str, rank: int, released: tuple[str, ...],
-                   path: tuple[int, ...] = (), priced_by_bytes: bool = False) -> _Candidate:
-        if self.options["rules"] and not priced_by_bytes:
+                   path: tuple[int, ...] = (), priced_by_bytes: bool = False,
+                   also_banned: Mapping[int, str] | None = None) -> _Candidate:
+        if self.options["rules"] and not (priced_by_bytes or also_banned):
             # graph-wide rules re-read which nodes are banned
             result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
                                **self.options)
@@ -261,6 +268,8 @@ class _Search:
                                                   release=self.release)
                 gone = {self.graph.index[name] for name in released}
                 banned = {i: why for i, why in self._base_bans.items() if i not in gone}
+            if also_banned:
+                banned = dict(sorted({**also_banned, **banned}.items()))
             result = partition_banned(self.graph, banned, solver=self.options["solver"],
                                       recompute_views=self.options["recompute_views"],
                                       parameters_are_free=self.options["parameters_are_free"],
@@ -275,8 +284,9 @@ class _Search:
             return self._all
         graph, index = self.graph, self.graph.index
         if not self.items:  # nothing a budget may release: one cut, and its fewest bytes
-            self._all = [self.optimal, *self._fewest_bytes(self.optimal, 1)]
-            self._least = self._all[-1]
+            fewest = self._fewest_bytes(self.optimal, 1)
+            self._least = fewest[0] if fewest else self.optimal
+            self._all = [self.optimal, *fewest, *self._compute_saved(1 + len(fewest))]
             return self._all
         everything = self._candidate("recompute everything", 1, tuple(self.items))
         found = {(): self.optimal, tuple(self.items): everything}
@@ -293,7 +303,8 @@ class _Search:
                 if released not in found:
                     found[released] = self._candidate(f"budget {fraction:g}",
                                                       len(found) + len(fewest), released)
-        ordered = sorted([*found.values(), *fewest], key=lambda c: c.rank)
+        compute_saved = self._compute_saved(len(found) + len(fewest))
+        ordered = sorted([*found.values(), *fewest, *compute_saved], key=lambda c: c.rank)
         self._all = ordered
         self._cuts.update(found)
         log.debug("core budget: %d candidate cuts over %d knapsack items", len(ordered),
@@ -307,6 +318,27 @@ class _Search:
         recompute-everything cut may save that intermediate though the inputs would do."""
         cut = self._candidate(FEWEST_BYTES, rank, everything.released, priced_by_bytes=True)
         return [cut] if cut.saved_bytes < everything.saved_bytes else []
+
+    def _compute_saved(self, rank: int) -> list[_Candidate]:
+        """jax's ``dots_saveable`` in core terms: the ``compute`` items stay banned, every
+        other item is released, priced by the byte measure; when both kinds are items. Any
+        policy that saves the compute nodes the backward reads and recomputes the rest is a
+        cut of this network, so this cut saves no more bytes than it does, and it recomputes
+        only what such a policy recomputes (its bans stop at the same compute nodes)."""
+        index, nodes = self.graph.index, self.graph.nodes
+        released = tuple(name for name in self.items if nodes[index[name]].category != "compute")
+        # A compute node without a runtime is no item: banned here too, or the cut could
+        # recompute it and, through it, what the policy does not.
+        costs = default_save_costs(self.graph, recompute_views=self.options["recompute_views"],
+                                   parameters_are_free=self.options["parameters_are_free"])
+        bannable, kept = self.graph.structure.bannable, set(self.release)
+        free_compute = {i: COMPUTE_BAN for i, node in enumerate(nodes)
+                        if node.category == "compute" and node.forward and node.runtime == 0
+                        and bannable[i] and math.isfinite(costs[i]) and node.id not in kept}
+        if len(released) == len(self.items) and not free_compute:
+            return []  # no compute node to keep: the fewest-bytes everything cut
+        return [self._candidate(COMPUTE_SAVED, rank, released, priced_by_bytes=True,
+                                also_banned=free_compute)]
 
     def least_and_most(self) -> tuple[int, int]:
         """(the least saved bytes: recomputing everything, runtime-optimal saved bytes)."""
