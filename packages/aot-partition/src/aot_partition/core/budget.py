@@ -243,7 +243,7 @@ class _Search:
                       and dist[index[name]] < int(1e9) and math.isfinite(costs[index[name]])]
         self._position = {name: k for k, name in enumerate(self.items)}
         self._all: list[_Candidate] | None = None
-        self._least = self.optimal  # the fewest saved bytes of the fixed candidates (candidates)
+        self._least = self.optimal  # the recompute-everything end, set by candidates()
         # Cuts by released set: the fixed candidates and every refinement's probes.
         self._cuts: dict[tuple[str, ...], _Candidate] = {(): self.optimal}
         self._grid: dict[int, _Candidate] = {}     # i -> the refined answer at fraction i/32
@@ -320,11 +320,12 @@ class _Search:
         return [cut] if cut.saved_bytes < everything.saved_bytes else []
 
     def _compute_saved(self, rank: int) -> list[_Candidate]:
-        """jax's ``dots_saveable`` in core terms: the ``compute`` items stay banned, every
-        other item is released, priced by the byte measure; when both kinds are items. Any
-        policy that saves the compute nodes the backward reads and recomputes the rest is a
-        cut of this network, so this cut saves no more bytes than it does, and it recomputes
-        only what such a policy recomputes (its bans stop at the same compute nodes)."""
+        """jax's ``dots_saveable`` in core terms: the ``compute`` nodes stay banned, every
+        other item is released, priced by the byte measure (none when there is no compute node
+        to keep: that is the fewest-bytes everything cut). Any policy that saves the compute
+        nodes the backward reads and recomputes the rest is a cut of this network, so this cut
+        saves no more bytes than it does, and it recomputes only what such a policy recomputes
+        (its bans stop at the same compute nodes)."""
         index, nodes = self.graph.index, self.graph.nodes
         released = tuple(name for name in self.items if nodes[index[name]].category != "compute")
         # A compute node without a runtime is no item: banned here too, or the cut could
