@@ -30,6 +30,8 @@ from typing import Any
 
 import torch.fx as fx
 
+from aot_partition.errors import FlagConflictError
+
 from . import _compat
 from .gc_deferral import full_collections_deferred
 from .options import PipelineOptionError, PipelineOptions, inductor_pairs, split_options
@@ -80,15 +82,24 @@ BUDGET_OPTIONS = ("memory_budget", "memory_budget_bytes", "memory_peak_bytes",
                   "memory_peak_fraction")
 
 
-class OptionFlagConflictError(PipelineOptionError):
+class OptionFlagConflictError(PipelineOptionError, FlagConflictError):
     """An option given to aot_pipeline and a partitioner flag someone set disagree: the
-    partitioner would follow only one of them, so neither is chosen silently."""
+    partitioner would follow only one of them, so neither is chosen silently.
+
+    A ``FlagConflictError`` too (the documented error for flags that disagree), so code that
+    catches that one catches this. As such, ``name`` is the flag's name
+    (``activation_memory_budget``), ``torch_value`` the flag's value (torch's flag or ours:
+    ``flag`` says which) and ``our_value`` the option's."""
 
     def __init__(self, option: str, value: Any, flag: str, flag_value: Any) -> None:
         self.option, self.value, self.flag, self.flag_value = option, value, flag, flag_value
-        super().__init__(
-            f"aot_pipeline option {option}={value!r} and the flag {flag} = {flag_value!r} "
-            "disagree; drop the option or unset the flag (or give both the same value)")
+        self.name, self.torch_value, self.our_value = flag.rpartition(".")[2], flag_value, value
+        self.problem = "an aot_pipeline option and a set flag disagree"
+        # Not FlagConflictError.__init__: its message speaks of two flags.
+        ValueError.__init__(
+            self, f"aot_pipeline option {option}={value!r} and the flag {flag} = "
+                  f"{flag_value!r} disagree; drop the option or unset the flag (or give both "
+                  "the same value)")
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a worker process's error)
         return (type(self), (self.option, self.value, self.flag, self.flag_value))
