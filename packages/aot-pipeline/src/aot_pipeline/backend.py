@@ -29,12 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import torch.fx as fx
-
 from aot_partition.errors import FlagConflictError
 
 from . import _compat
 from .gc_deferral import full_collections_deferred
-from .options import PipelineOptionError, PipelineOptions, inductor_pairs, split_options
+from .options import (
+    BUDGET_OPTIONS,
+    PipelineOptionError,
+    PipelineOptions,
+    check_budget_given_once,
+    inductor_pairs,
+    split_options,
+)
 from .recording import PartitionRecorder
 from .splitting import with_token_split
 
@@ -77,9 +83,6 @@ FLAG_OF_OPTION = {
     "solver": "activation_memory_budget_solver",
     "split": "activation_token_split",
 }
-# One budget, written in one of its forms: giving one sets the others to theirs.
-BUDGET_OPTIONS = ("memory_budget", "memory_budget_bytes", "memory_peak_bytes",
-                  "memory_peak_fraction")
 
 
 class OptionFlagConflictError(PipelineOptionError, FlagConflictError):
@@ -121,6 +124,7 @@ def with_explicit_options(explicit: Mapping[str, Any],
     an argument never silently overrides a flag a user or their framework set, nor the
     reverse. A budget given in one form (a fraction, bytes, a peak) replaces the flags' budget
     in every form, so ``"300MiB"`` against a set fraction flag is a conflict too."""
+    check_budget_given_once(explicit)  # one options dict naming a budget twice
     flags = default_options() if base is None else base
     given = dict(explicit)
     if given.keys() & set(BUDGET_OPTIONS):
