@@ -474,8 +474,12 @@ def parse_key_values(text: str, flag: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
+            example = ("n_layer=2,n_embd=128,n_head=4" if flag == "--hf-config"
+                       else "num_classes=10,depth=2")
             raise PipelineOptionError(f"{flag} {text!r}: give key=value pairs separated by commas, "
-                                 "e.g. n_layer=2,n_embd=128,n_head=4")
+                                      f"e.g. {example}")
+        if key in result:  # the first would be dropped
+            raise PipelineOptionError(f"{flag}: {key} is given twice; give each key once")
         word = value.strip()
         if len(word) > MAX_CONFIG_VALUE_CHARS:
             shown = word[:20] + "..."
