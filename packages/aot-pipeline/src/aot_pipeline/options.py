@@ -194,13 +194,13 @@ def check_budget_given_once(given: Mapping[str, Any]) -> None:
             f"cap replaces the fraction (it would be ignored); give one: "
             f"{option}={echo_value(given[option])} or "
             f"{cap_option}={echo_value(given[cap_option])}")
-    for i, (option, what, amount) in enumerate(caps):
-        for other, other_what, other_amount in caps[i + 1:]:
-            if what == other_what and amount != other_amount:
+    for i, (option, what, size) in enumerate(caps):
+        for other, other_what, other_size in caps[i + 1:]:
+            if what == other_what and size != other_size:
                 first, second = echo_value(given[option]), echo_value(given[other])
                 raise PipelineOptionError(
                     f"aot_pipeline options {option}={first} and {other}={second} both set "
-                    f"the {what} ({_amount_words(amount)} and {_amount_words(other_amount)}); "
+                    f"the {what} ({_amount_words(size)} and {_amount_words(other_size)}); "
                     f"give it once: {option}={first} or {other}={second}")
 
 
