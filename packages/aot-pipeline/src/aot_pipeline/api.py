@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -108,9 +109,10 @@ class CompiledModel:
         if self.options.compiler != "inductor":
             # Our graph compilers would run the captured graph as traced: skip the detour.
             return graph
-        # The captured backward has no grad to take: the same back end compiles it for inference.
-        return torch.compile(graph, backend=make_backend(self.options), fullgraph=True,
-                             dynamic=self._dynamic)
+        # The captured backward has no grad to take: the same back end compiles it for
+        # inference. No split: a backward holds no loss to split (it would only warn so).
+        return torch.compile(graph, backend=make_backend(replace(self.options, split=False)),
+                             fullgraph=True, dynamic=self._dynamic)
 
 
 def _allocator_of(forward: torch.fx.GraphModule) -> str | None:

@@ -23,13 +23,16 @@
   recomputing its input projections in the backward); a graph without a loss but with MLPs
   gets that step alone.
 
-Each decision is recorded (``PartitionRecorder.splits``) and logged.
+Each decision is recorded (``PartitionRecorder.splits``) and logged. A chunk count asked for
+that finds nothing to split in a graph is said once, as a ``SplitMatchedNothingWarning``
+naming why (no projection followed by a cross-entropy, or the reason the loss was left whole).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -48,6 +51,28 @@ MAX_CHUNKS = 64
 # Chunks of at least this many tokens keep a matmul near the device's peak FLOP/s: the count
 # tried when the split only competes with recompute (the cap is reachable whole).
 PREFERRED_CHUNK_TOKENS = 1024
+
+
+class SplitMatchedNothingWarning(UserWarning):
+    """``split=N`` was asked for, but a compiled graph has no loss it can split: the graph
+    compiles whole. The message says why."""
+
+
+def warn_split_matched_nothing(chunks: int, left: Sequence[Any]) -> None:
+    """One warning for an explicit ``split`` that finds nothing in a graph, with the reason:
+    the losses left whole and why, or that no LM head and loss are in the graph at all (the
+    usual cause: the model returns logits and the loss is computed outside what is compiled).
+    The text repeats across graphs, so Python's default filter shows it once."""
+    losses = [alone for alone in left if alone.kind == "loss"]
+    if losses:
+        why = "; ".join(f"{alone.loss}: {alone.reason}" for alone in losses)
+        reason = f"its cross-entropy is left whole ({why})"
+    else:
+        reason = ("no linear projection followed by a cross-entropy loss is in it (compile "
+                  "the loss with the model: the LM head and its loss must be in one graph)")
+    warnings.warn(f"split={chunks} was asked for, but a compiled graph has nothing to split: "
+                  f"{reason}; that graph compiles whole", SplitMatchedNothingWarning,
+                  stacklevel=2)
 
 
 def has_peak_cap(options: PipelineOptions) -> bool:
@@ -165,6 +190,8 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         sites, left = find_split_sites(gm)
         note_left_alone(left)
         split = options.split
+        if split is not False and isinstance(split, int) and not sites:
+            warn_split_matched_nothing(split, left)
         if split is False or (isinstance(split, int) and not sites):
             return plain(gm, example_inputs)
         if isinstance(split, int):

@@ -111,6 +111,10 @@ _DISTANCE_GROWTH = np.array([1.1 ** hops for hops in range(_DISTANCE_CAP + 1)])
 SAVED, RECOMPUTED, BACKWARD, FORWARD = "saved", "recomputed", "backward", "forward"
 
 
+# A node's output size at most: 2**63 - 1 bytes, the largest size torch can describe.
+MAX_NBYTES = 2**63 - 1
+
+
 class CoreGraphError(ValueError):
     """A CoreGraph description is invalid; the message names the node and what is valid."""
 
@@ -163,9 +167,9 @@ class CoreNode:
         if not isinstance(self.category, str) or self.category not in CATEGORIES:
             raise CoreGraphError(f"node '{self.id}' has unknown category {self.category!r}; "
                                  f"valid categories: {', '.join(CATEGORIES)}")
-        if not _is_int(self.nbytes) or self.nbytes < 0:
+        if not _is_int(self.nbytes) or not 0 <= self.nbytes <= MAX_NBYTES:
             raise CoreGraphError(f"node '{self.id}' has nbytes {self.nbytes!r}; must be an int "
-                                 ">= 0 (the bytes of its output)")
+                                 f"from 0 to {MAX_NBYTES} (the bytes of its output)")
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise CoreGraphError(f"node '{self.id}' has {name} {getattr(self, name)!r}; "
