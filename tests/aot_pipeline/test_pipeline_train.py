@@ -55,6 +55,11 @@ def test_train_with_nop_compiler_matches_eager_losses():
         assert got == pytest.approx(want, rel=1e-4)
     assert eager.saved_bytes > 0 and ours.saved_bytes > 0
     assert ours.peak_memory_bytes is None  # CPU
+    # One more step measured on CPU for every variant; ours also predicted (the unfused model:
+    # compiler nop). The command's loss runs eager, outside the compiled model, so the
+    # prediction (the compiled graphs) misses the loss's own buffers: here 1 KiB of 10.6.
+    assert eager.step_peak_bytes > 0 and eager.predicted_peak_bytes is None
+    assert ours.step_peak_bytes - 2048 <= ours.predicted_peak_bytes <= ours.step_peak_bytes
 
 
 def test_isolated_variants_run_in_fresh_processes_with_the_same_losses(monkeypatch, tmp_path):
@@ -136,3 +141,14 @@ def test_train_table_shows_peak_memory_only_when_measured():
                       matches_eager=False)
     table = train_table([gpu])
     assert "peak CUDA memory" in table and "1.0 MiB" in table and table.endswith("NO")
+
+
+def test_train_table_shows_the_measured_and_predicted_step_peak():
+    eager = TrainResult("eager", [1.0], 0.1, 0.01, 2048, matches_eager=True,
+                        step_peak_bytes=3 * 2**20)
+    ours = TrainResult("aot_pipeline", [1.0], 0.1, 0.01, 1024, matches_eager=True,
+                       step_peak_bytes=2**20, predicted_peak_bytes=2**20 + 2**19)
+    lines = train_table([eager, ours]).splitlines()
+    assert "step peak (measured)" in lines[0] and "step peak (predicted)" in lines[0]
+    assert "3.0 MiB" in lines[2] and lines[2].split()[-2:] == ["-", "yes"]
+    assert "1.0 MiB" in lines[3] and "1.5 MiB" in lines[3]

@@ -33,7 +33,10 @@ def format_bytes(nbytes: int | None) -> str:
 
 def train_table(results: Sequence[TrainResult]) -> str:
     show_peak = any(r.peak_memory_bytes is not None for r in results)
+    show_step_peak = any(r.step_peak_bytes is not None for r in results)
     headers = ["variant", "step 1 (cold compile) s", "step ms", "last loss", "saved activations"]
+    if show_step_peak:
+        headers += ["step peak (measured)", "step peak (predicted)"]
     if show_peak:
         headers.append("peak CUDA memory")
     headers.append("loss matches eager")
@@ -41,6 +44,8 @@ def train_table(results: Sequence[TrainResult]) -> str:
     for r in results:
         row: list[Any] = [r.variant, f"{r.first_step_s:.2f}", f"{r.step_s * 1e3:.2f}",
                           f"{r.final_loss:.6f}", format_bytes(r.saved_bytes)]
+        if show_step_peak:
+            row += [format_bytes(r.step_peak_bytes), format_bytes(r.predicted_peak_bytes)]
         if show_peak:
             row.append(format_bytes(r.peak_memory_bytes))
         row.append("-" if r.matches_eager is None else ("yes" if r.matches_eager else "NO"))

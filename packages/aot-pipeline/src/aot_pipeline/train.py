@@ -12,6 +12,9 @@ losses of the three runs must agree up to float rounding. Each run records:
   eager: the distinct storages autograd packed during one forward (``saved_tensors_hooks``),
   less the inputs' and the module's;
 - ``peak_memory_bytes``: peak CUDA memory allocated over the steps after the first (GPU only).
+- ``step_peak_bytes``: one more step's peak above what is allocated before it, measured (CPU:
+  the profiler's allocation events); ``predicted_peak_bytes``: for aot_pipeline, the peak
+  ``CompiledModel.predicted_peak()`` predicts for that step.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ class TrainResult:
     saved_bytes: int | None
     peak_memory_bytes: int | None = None
     matches_eager: bool | None = None
+    # One more step's peak above what is allocated before it, measured (CPU: the profiler's
+    # allocation events; CUDA: max_memory_allocated), and for aot_pipeline the peak predicted
+    # for it (CompiledModel.predicted_peak(): every graph of the step, priced as partitioned).
+    step_peak_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
 
     @property
     def final_loss(self) -> float:
@@ -133,6 +141,7 @@ class _Runner:
         self.built = built
         self.recorder = PartitionRecorder()
         self.backward: Callable[[torch.Tensor], None] = lambda loss: loss.backward()
+        self.compiled: Any = None  # the aot_pipeline variant's CompiledModel
         if variant == "eager":
             self.call: Callable[..., Any] = built.module
         elif variant == "inductor":
@@ -142,6 +151,7 @@ class _Runner:
 
             compiled = CompiledModel(built.module, settings.pipeline_options(), dynamic=None)
             self.recorder = compiled.recorder
+            self.compiled = compiled
             self.call = compiled
             self.backward = compiled.backward
         else:
@@ -212,11 +222,33 @@ def train_variant(variant: str, settings: TrainSettings, progress: bool = True) 
     peak = (torch.cuda.max_memory_allocated(device)
             if device.type == "cuda" and settings.steps > 1 else None)
     assert first_inputs is not None
+    step_peak, predicted = _measure_and_predict_peak(runner, built, device)
     return TrainResult(
         variant=variant, losses=losses, first_step_s=times[0],
         step_s=statistics.median(times[1:]) if len(times) > 1 else times[0],
         saved_bytes=runner.saved_bytes(first_inputs), peak_memory_bytes=peak,
+        step_peak_bytes=step_peak, predicted_peak_bytes=predicted,
     )
+
+
+def _measure_and_predict_peak(runner: _Runner, built: BuiltModel, device: torch.device
+                              ) -> tuple[int, int | None]:
+    """One more forward+backward (no optimizer step: the losses are already taken), its peak
+    above what is allocated before it measured; for aot_pipeline, the peak predicted for it."""
+    from aot_partition.memory_models.simulator import measure_peak
+
+    inputs = built.make_inputs()
+
+    def step() -> None:
+        runner.backward(built.loss(runner.call(*inputs)))
+
+    built.module.zero_grad(set_to_none=True)
+    measured = measure_peak(step, device).peak_bytes
+    built.module.zero_grad(set_to_none=True)
+    predicted = None
+    if runner.compiled is not None and runner.compiled.partitions:
+        predicted = runner.compiled.predicted_peak().above_inputs_bytes
+    return measured, predicted
 
 
 class _DropNoCudaRuntimeNotice(logging.Filter):

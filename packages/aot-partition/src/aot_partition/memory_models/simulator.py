@@ -23,12 +23,15 @@ and returns the peak the allocator saw, to check the model against.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
 import math
 import operator
-from collections.abc import Callable, Iterable, Sequence
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -926,9 +929,15 @@ def _measure_cpu_profiler(step: Callable[[], Any], device: str, *,
                           grad: bool = False) -> MeasuredMemory:
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.set_grad_enabled(grad), profile(activities=[ProfilerActivity.CPU],
-                                               profile_memory=True) as prof:
-        kept = step()
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _native_stderr_silenced():
+        prof.start()
+    try:
+        with torch.set_grad_enabled(grad):
+            kept = step()
+    finally:
+        with _native_stderr_silenced():
+            prof.stop()
     deltas = _allocation_deltas(prof)
     del kept
     total = peak = 0
@@ -936,6 +945,25 @@ def _measure_cpu_profiler(step: Callable[[], Any], device: str, *,
         total += delta
         peak = max(peak, total)
     return MeasuredMemory(peak, total, device, "profiler")
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """The process's stderr (file descriptor 2) sent to /dev/null: kineto writes "USDT: ...
+    profiler_start" / "profiler_stop" there at each start and stop of the profiler (and, on a
+    build with CUDA libraries but no GPU, "gpuGetDeviceCount failed"), lines nothing in the run
+    can act on, which a measured CLI run would print per variant. Only around start and stop:
+    the measured step's own messages still reach stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _allocation_deltas(prof: Any) -> list[tuple[int, int]]:
