@@ -72,7 +72,9 @@ def test_the_builtin_gpt_split_in_four_equals_eager(compiler):
     assert any("linear_cross_entropy" in str(n.target) for n in forward.graph.nodes)
 
 
-def _hf_model(kind, dropout=0.0):
+def _hf_model(kind, dropout=0.0, loss_type="ForCausalLM"):
+    """A tiny transformers causal LM; ``loss_type`` None leaves the one transformers derives
+    from the class name (GPT2LMHeadModel: None, its loss_function then warns every call)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if kind == "gpt2":  # tied: the LM head reads the token embedding's weight
@@ -83,14 +85,18 @@ def _hf_model(kind, dropout=0.0):
         config._attn_implementation = "eager"
         model = transformers.GPT2LMHeadModel(config)
         assert model.lm_head.weight is model.transformer.wte.weight
-    else:  # llama, mistral, qwen2: the same decoder, each model's own code
-        name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}[kind]
+    else:  # llama, mistral, qwen2, gemma, gemma2: the same decoder, each model's own code
+        name = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "gemma": "Gemma",
+                "gemma2": "Gemma2"}[kind]
+        extra = {"head_dim": 8, "pad_token_id": 0} if kind.startswith("gemma") else {}
         config = getattr(transformers, f"{name}Config")(
             vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-            use_cache=False, bos_token_id=0, eos_token_id=0)
+            use_cache=False, bos_token_id=0, eos_token_id=0, **extra)
+        config._attn_implementation = "eager"
         model = getattr(transformers, f"{name}ForCausalLM")(config)
-    model.loss_type = "ForCausalLM"  # unnamed, transformers logs a warning: a graph break
+    if loss_type is not None:
+        model.loss_type = loss_type
     return model.train()
 
 
@@ -108,6 +114,188 @@ def test_transformers_models_split_under_inductor_equal_eager(kind):
         return lambda ids, labels: module(input_ids=ids, labels=labels).loss
 
     _compare(model, eager, call(compiled), call(eager), (ids, labels))
+
+
+# Called as the HF Trainer calls them: labels (-100 where ignored), num_items_in_batch (the
+# count of labels not -100: the loss is summed, then divided), loss_type as transformers sets it.
+# Gemma2 softcaps its logits (tanh(logits / 30) * 30) before the loss: no cross-entropy of the
+# projection, left alone.
+@pytest.mark.parametrize("kind, left_alone", [
+    ("gpt2", None), ("llama", None), ("mistral", None), ("qwen2", None), ("gemma", None),
+    ("gemma2", "logits_3 (<built-in function mul>) between the projection and the loss")])
+def test_transformers_models_called_as_the_trainer_calls_them_are_one_graph(kind, left_alone):
+    """One graph each (GPT-2's loss_function warned through a logger every step: a graph break
+    between its LM head and its loss, the split left alone); split in 4 where recognised, or
+    left alone with the reason; loss and every gradient equal eager's."""
+    torch._dynamo.reset()
+    model = _hf_model(kind, loss_type=None)
+    eager = copy.deepcopy(model)
+    ids, labels = _batch(80, 2, 24)
+    count = labels.ne(-100).sum()
+
+    def call(module):
+        return lambda ids, labels, n: module(input_ids=ids, labels=labels,
+                                             num_items_in_batch=n).loss
+
+    compiled = aot_pipeline.compile(call(model), split=4, compiler="nop")
+    _compare(model, eager, compiled, call(eager), (ids, labels, count))
+    assert len(compiled.recorder.partitions) == 1  # one graph: no break
+    if left_alone is None:
+        (decision,) = compiled.recorder.splits
+        assert decision.chunks == 4 and decision.site.reduction == "sum"
+        assert decision.site.tokens == 48 and compiled.recorder.split_left_alone == []
+    else:
+        assert compiled.recorder.splits == []
+        assert [a.reason for a in compiled.recorder.split_left_alone] == [left_alone]
+
+
+def test_transformers_gpt2_through_labels_is_split_and_equals_eager():
+    """``model(input_ids=ids, labels=labels).loss`` (issue 50, item 4), loss_type as
+    transformers sets it (None: GPT2LMHeadModel names no loss): split in 4, exact."""
+    torch._dynamo.reset()
+    model = _hf_model("gpt2", loss_type=None)
+    assert model.loss_type is None
+    eager = copy.deepcopy(model)
+
+    def call(module):
+        return lambda ids, labels: module(input_ids=ids, labels=labels).loss
+
+    compiled = aot_pipeline.compile(call(model), split=4, compiler="nop")
+    _compare(model, eager, compiled, call(eager), _batch(80, 2, 24))
+    (decision,) = compiled.recorder.splits
+    assert decision.chunks == 4 and decision.site.reduction == "mean"
+    assert len(compiled.recorder.partitions) == 1
+
+
+def test_without_the_ignored_warning_gpt2_breaks_between_head_and_loss_and_says_so(
+        monkeypatch):
+    """What the pipeline removes: with transformers' modeling_utils warning_once traced as
+    Dynamo does by default, GPT-2's step is two graphs, the head in the first; the loss in the
+    second is left alone, its logits an input of that graph. Still equal to eager."""
+    from aot_pipeline import transformers_logging
+
+    torch._dynamo.reset()
+    model = _hf_model("gpt2", loss_type=None)
+    eager = copy.deepcopy(model)
+    monkeypatch.setattr(transformers_logging, "ignore_loss_warning_in_dynamo", lambda: False)
+
+    def call(module):
+        return lambda ids, labels: module(input_ids=ids, labels=labels).loss
+
+    with torch._dynamo.config.patch(ignore_logging_functions=set()):
+        compiled = aot_pipeline.compile(call(model), split=4, compiler="nop")
+        _compare(model, eager, compiled, call(eager), _batch(80, 2, 24))
+    assert compiled.recorder.splits == []
+    assert [a.reason for a in compiled.recorder.split_left_alone] == [
+        "l_logits_ is an input of this graph: the projection is in another (a graph break "
+        "between the projection and the loss)"]
+    assert len(compiled.recorder.partitions) == 2
+    torch._dynamo.reset()
+
+
+BY_NAME_CHILD = r"""
+import copy, logging
+import torch, transformers
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+lines = Lines()
+logging.getLogger("aot_pipeline.splitting").addHandler(lines)
+logging.getLogger("aot_pipeline.splitting").setLevel(logging.INFO)
+torch.manual_seed(0)
+model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+    vocab_size=80, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+    embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0, eos_token_id=0)).train()
+eager = copy.deepcopy(model)
+ids = torch.randint(0, 80, (2, 24), generator=torch.Generator().manual_seed(1))
+labels = ids.clone()
+labels[0, :8] = -100
+options = {"split": 4, "compiler": "nop"}
+
+def check(call):
+    model.zero_grad(set_to_none=True)
+    eager.zero_grad(set_to_none=True)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    lines.lines.clear()
+    loss = call(input_ids=ids, labels=labels).loss
+    loss.backward()
+    want = eager(input_ids=ids, labels=labels).loss
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    print(torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
+          "|".join(line.split(" (linear")[0] for line in lines.lines))
+
+def loss_only(**kwargs):  # the logits never leave the graph
+    return transformers.modeling_outputs.CausalLMOutput(loss=model(**kwargs).loss)
+
+check(torch.compile(loss_only, backend="aot_pipeline", options=options))  # the name's lookup
+torch._dynamo.reset()
+model.compile(backend="aot_pipeline", options=options)  # the README's Trainer recipe
+check(model)
+"""
+
+
+def test_the_registered_name_compiles_transformers_gpt2_with_labels_to_one_graph():
+    """``torch.compile(backend="aot_pipeline")`` in a fresh process: the name's lookup makes
+    the warning a no-op before Dynamo traces, so GPT-2 through labels= is one graph, equal to
+    eager. A step returning only the loss is split; the model compiled itself (the root
+    README's Trainer recipe) returns its logits, which the split must then leave whole."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    done = subprocess.run([sys.executable, "-c", BY_NAME_CHILD], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-2:] == [
+        "1 split: loss",
+        "1 not split: loss (logits is read by logits_1, output: the loss must be its only reader)"]
+
+
+def test_only_transformers_modeling_utils_warning_once_is_ignored_by_dynamo():
+    """The entry the back end adds: that one logger's warning_once, not every logger's."""
+    import logging
+
+    pytest.importorskip("transformers")
+    import transformers.modeling_utils  # noqa: F401 - the logger the loss_function warns on
+    from aot_pipeline import transformers_logging
+
+    aot_pipeline.make_backend({"compiler": "nop"})
+    ignored = torch._dynamo.config.ignore_logging_functions
+    assert transformers_logging.loss_warning() in ignored
+    assert logging.getLogger("transformers.modeling_utils").warning_once in ignored
+    assert logging.getLogger("transformers.generation.utils").warning_once not in ignored
+    assert logging.Logger.warning_once not in ignored
+    assert transformers_logging.ignore_loss_warning_in_dynamo() is False  # once
+
+
+def test_a_graph_break_between_the_head_and_its_loss_is_named():
+    head = _Head()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(find_split_sites(gm))
+        return gm.forward
+
+    def step(x, t):
+        logits = head.proj(x)
+        torch._dynamo.graph_break()
+        return F.cross_entropy(logits, t)
+
+    torch._dynamo.reset()
+    torch.compile(step, backend=backend)(torch.randn(6, 8), torch.randint(0, 10, (6,)))
+    assert [left for _, left in seen][0] == []
+    (sites, left), = seen[1:]
+    assert sites == [] and [a.reason for a in left] == [
+        "l_logits_ is an input of this graph: the projection is in another (a graph break "
+        "between the projection and the loss)"]
 
 
 def test_bfloat16_weights_with_the_loss_in_float32_stay_as_close_to_eager_as_unsplit():

@@ -31,7 +31,7 @@ from typing import Any
 import torch.fx as fx
 from aot_partition.errors import FlagConflictError
 
-from . import _compat, torch_chunkers
+from . import _compat, torch_chunkers, transformers_logging
 from .gc_deferral import full_collections_deferred
 from .options import (
     BUDGET_OPTIONS,
@@ -479,6 +479,9 @@ def make_backend(options: PipelineOptions | Mapping[str, Any] | None = None,
     """
     options = resolve_options(options, mode)
     region = _region(name)
+    # Before Dynamo traces (here for compile() and make_backend users; per graph for the name):
+    # else GPT-2's loss_function graph-breaks between the LM head and its loss.
+    transformers_logging.ignore_loss_warning_in_dynamo()
     if options.compiler == "inductor":
         backend = with_token_split(
             options, recorder, lambda opts, rec: _inductor_backend(opts, rec, region))
@@ -537,6 +540,7 @@ class _LoadedAtLookup:
 
     def load(self) -> Callable[..., CompiledGraph]:
         _compat.compile_fx()
+        transformers_logging.ignore_loss_warning_in_dynamo()  # at lookup: before any trace
         return aot_pipeline_backend
 
 

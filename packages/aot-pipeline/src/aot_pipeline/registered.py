@@ -14,9 +14,10 @@ only this entry point imports torch.
 
 from __future__ import annotations
 
-from . import _compat
+from . import _compat, transformers_logging
 from .backend import aot_pipeline_backend
 
 _compat.compile_fx()  # before Dynamo traces: see the module doc (and backend._LoadedAtLookup)
+transformers_logging.ignore_loss_warning_in_dynamo()  # likewise (GPT-2's loss graph break)
 
 __all__ = ["aot_pipeline_backend"]

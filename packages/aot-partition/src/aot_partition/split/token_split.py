@@ -18,7 +18,8 @@ fusing them back together. What does not match exactly is left alone, with the r
 
 Not matched (left alone, reason given): class weights; reduction "none"; a class dimension
 other than the last; logits read by anything else (returned, logged); a cast to a non-float
-dtype; an autocast region in the graph (the op would not see autocast's dtype choices).
+dtype; an autocast region in the graph (the op would not see autocast's dtype choices); logits
+that are an input of the graph (a graph break between the projection and the loss).
 
 The MLP (Mini-Sequence Transformer), with ``find_split_sites(gm, kinds=("loss", "mlp"))``: a
 token-wise feed-forward whose [tokens x hidden] intermediate nothing else reads,
@@ -382,6 +383,9 @@ def _match(loss: fx.Node, autocast: bool) -> SplitSite | str:
             return f"{node.name} is read by {readers}: the loss must be its only reader"
         if node.op == "call_function" and node.target in _LINEARS:
             break
+        if node.op == "placeholder":  # the head ran in an earlier graph: say so, not "between"
+            return (f"{node.name} is an input of this graph: the projection is in another "
+                    "(a graph break between the projection and the loss)")
         cast = _cast_dtype(node)
         if cast is False:
             return f"{node.name}: a cast split does not follow"
