@@ -19,6 +19,7 @@ from aot_compilers import (
     input_meta,
     nop,
 )
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 from torch import nn
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
@@ -92,7 +93,7 @@ def test_forward_graph_imports_and_runs_in_a_fresh_process(tmp_path):
         real_inputs = torch.load(folder + "/tiny_forward_0.pt")
         torch.save(FxModule()(*real_inputs)[0], {str(tmp_path / "out.pt")!r})
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=120,
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, timeout=SUBPROCESS_TIMEOUT_S,
                    env={**os.environ, "PYTHONWARNINGS": "ignore"})
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), module(x)[0].detach())
 
@@ -205,6 +206,6 @@ def test_debug_compile_writes_a_runnable_reproduction(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"python {folder / 'repro.py'}" in printed
     result = subprocess.run([sys.executable, str(folder / "repro.py")], capture_output=True,
-                            text=True, timeout=120, check=True,
+                            text=True, timeout=SUBPROCESS_TIMEOUT_S, check=True,
                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert "output 0: shape=(3,) dtype=torch.float32" in result.stdout

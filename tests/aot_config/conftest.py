@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aot_config import Flag, dynamo, functorch, install_config_module
 from aot_config.config_module import ConfigModule, matches_type
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 FLAG_SETS = {"functorch": functorch, "dynamo": dynamo}
 
@@ -54,7 +55,7 @@ def run_python() -> Callable[..., subprocess.CompletedProcess[str]]:
         full_env = {k: v for k, v in os.environ.items() if k not in _all_flag_env_vars()}
         full_env.update(env or {})
         return subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120
+            [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=SUBPROCESS_TIMEOUT_S
         )
 
     return run

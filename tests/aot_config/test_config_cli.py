@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from aot_config import cli, dynamo, functorch
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -130,7 +131,7 @@ def test_console_script_reports_env_and_bad_env() -> None:
         capture_output=True,
         text=True,
         env=clean_env(AOT_MIN_CUT_SOLVER="networkx", COLUMNS="200"),
-        timeout=120,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert ok.returncode == 0, ok.stderr
     row = next(line for line in ok.stdout.splitlines() if line.startswith("min_cut_solver"))
@@ -148,7 +149,7 @@ def test_console_script_reports_env_and_bad_env() -> None:
         capture_output=True,
         text=True,
         env=clean_env(TORCHDYNAMO_VERBOSE="perhaps"),
-        timeout=120,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert bad.returncode == 2
     assert bad.stderr.startswith(

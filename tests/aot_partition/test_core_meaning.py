@@ -23,6 +23,7 @@ from aot_partition.core import (
     partition,
 )
 from aot_partition.errors import InfeasibleMinCutError
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 
 def nodes(**x_fields) -> list[CoreNode]:
@@ -197,5 +198,5 @@ def test_infeasible_speaks_core_words_and_writes_nothing_to_stderr(caplog):
             ))
         except InfeasibleMinCutError:
             print("raised")
-    """)], capture_output=True, text=True, timeout=120)
+    """)], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert (done.stdout, done.stderr) == ("raised\n", "")

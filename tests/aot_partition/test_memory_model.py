@@ -16,6 +16,7 @@ from aot_partition.memory_models.simulator import (
 )
 from aot_partition.report.memory_plot import write_memory_timeline_png
 from functorch.compile import aot_module, make_boxed_func
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 from torch.fx.experimental.proxy_tensor import make_fx
 from zoo import make_case
 
@@ -250,7 +251,7 @@ def test_workspace_is_measured_on_real_tensors_under_fake_mode():
     import sys
 
     child = subprocess.run([sys.executable, "-c", WORKSPACE_UNDER_FAKE_MODE],
-                           capture_output=True, text=True, timeout=120, check=False)
+                           capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=False)
     assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
     outside, inside = map(int, child.stdout.split())
     assert inside == outside

@@ -15,6 +15,7 @@ from aot_partition import (
     min_cut_rematerialization_partition,
     saved_activation_bytes,
 )
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 from torch.utils.checkpoint import CheckpointPolicy
 from zoo import make_case
 
@@ -109,7 +110,7 @@ def test_import_does_not_pull_in_downstream_packages():
             "if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
+                            timeout=SUBPROCESS_TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -17,6 +17,7 @@ import torch
 from aot_config import functorch as functorch_config
 from aot_partition import default_partition, explain_partition, partitioners
 from aot_partition.report import trace
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 from torch._logging import _internal as torch_logging_internal
 from zoo import make_case
 
@@ -63,7 +64,7 @@ def tlparse_pages(tmp_path_factory) -> dict[str, list[str]]:
     assert len(logs) == 1, logs
     out = root / "out"
     subprocess.run([_tlparse(), str(logs[0]), "-o", str(out), "--overwrite", "--no-browser"],
-                   check=True, timeout=120, capture_output=True)
+                   check=True, timeout=SUBPROCESS_TIMEOUT_S, capture_output=True)
     index = (out / "index.html").read_text()
     pages: dict[str, list[str]] = {}
     for link in re.findall(r'href="([^"]+)"', index):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,6 +41,6 @@ def test_the_gpu_proof_runs_end_to_end_on_cpu(tmp_path):
 
 def test_a_bad_argument_is_refused():
     done = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_proof.sh"), "--size",
-                           "huge"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                           "huge"], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     assert done.returncode == 2
     assert done.stderr.strip() == "gpu_proof.sh: --size must be full or tiny"

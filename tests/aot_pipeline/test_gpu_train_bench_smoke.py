@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,7 +38,7 @@ def test_tiny_cpu_run_writes_one_table_with_losses_and_captures(tmp_path):
 def test_unknown_variant_is_refused_before_any_run(tmp_path):
     script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
     done = subprocess.run([sys.executable, script, "--variants", "theirs@0.3", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                           str(tmp_path)], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     assert done.returncode == 2
     assert "unknown variants ['theirs@0.3']; valid: eager, inductor@1.0" in done.stderr
 
@@ -53,7 +54,7 @@ def test_unknown_variant_is_refused_before_any_run(tmp_path):
 def test_bad_partitioner_flags_are_refused_before_any_run(tmp_path, variant, message):
     script = os.path.join(ROOT, "benchmarks", "gpu_train_bench.py")
     done = subprocess.run([sys.executable, script, "--variants", variant, "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                           str(tmp_path)], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     assert done.returncode == 2
     assert message in done.stderr
 

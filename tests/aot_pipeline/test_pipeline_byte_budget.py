@@ -14,6 +14,7 @@ from aot_pipeline.options import (
     parse_byte_size,
     parse_memory_budget,
 )
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 SIZE_HELP = ("write a number and a unit, e.g. '300MiB' or '1.5GB' "
              "(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
@@ -86,7 +87,7 @@ def test_cli_checks_a_size_before_importing_torch():
     probe = ("import json, sys; from aot_pipeline.cli import main; code = main(sys.argv[1:]); "
              "print(json.dumps([code, 'torch' in sys.modules]))")
     result = subprocess.run([sys.executable, "-c", probe, "partition", "--memory-budget",
-                             "300 furlongs"], capture_output=True, text=True, timeout=60)
+                             "300 furlongs"], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert json.loads(result.stdout) == [2, False]
     assert result.stderr.strip() == (
         "aot-pipeline: error: argument --memory-budget: memory_budget must be a fraction in "

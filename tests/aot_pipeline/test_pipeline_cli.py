@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 COMMAND = [sys.executable, "-m", "aot_pipeline.cli"]
 
@@ -99,7 +100,7 @@ def test_bad_arguments_are_answered_without_importing_torch():
     probe = ("import json, sys; from aot_pipeline.cli import main; code = main(sys.argv[1:]); "
              "print(json.dumps([code, 'torch' in sys.modules]))")
     result = subprocess.run([sys.executable, "-c", probe, "train", "--model", "vgg"],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert json.loads(result.stdout) == [2, False]
 
 
@@ -146,7 +147,7 @@ def _probe(*args: str) -> tuple[int, bool, str]:
     probe = ("import json, sys; from aot_pipeline.cli import main; code = main(sys.argv[1:]); "
              "print(json.dumps([code, 'torch' in sys.modules]))")
     result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=SUBPROCESS_TIMEOUT_S)
     code, imported = json.loads(result.stdout)
     return code, imported, result.stderr.strip()
 

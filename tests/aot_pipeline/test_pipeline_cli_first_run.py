@@ -10,6 +10,7 @@ import sys
 import pytest
 from aot_pipeline.cli import UsageError, build_parser, main
 from aot_pipeline.cli_help import EXAMPLES, SUMMARIES
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 COMMANDS = ("partition", "pareto", "train")
 # main() in a fresh interpreter: its exit status, whether torch got imported, its stderr.
@@ -19,7 +20,7 @@ PROBE = ("import json, sys; from aot_pipeline.cli import main; code = main(sys.a
 
 def test_no_command_prints_the_three_commands_and_exits_2():
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=SUBPROCESS_TIMEOUT_S)
     assert json.loads(result.stdout) == [2, False]  # answered at once, like a usage error
     hint = result.stderr
     assert hint.startswith("aot-pipeline: no command given. Start with one of:\n")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from subprocess_limits import SUBPROCESS_TIMEOUT_S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "compiled_autograd_bench.py")
@@ -22,7 +23,7 @@ def test_variant_runs_merge_into_one_table(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     merged = subprocess.run([sys.executable, SCRIPT, "--merge",
                              str(part / "compiled_autograd_bench.json"), "--out", str(tmp_path)],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+                            capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     assert merged.returncode == 0, merged.stderr[-3000:]
     result = json.loads((tmp_path / "compiled_autograd_bench.json").read_text())
     assert [r["variant"] for r in result["backward"]] == ["eager autograd"]
@@ -33,6 +34,6 @@ def test_variant_runs_merge_into_one_table(tmp_path):
 
 def test_unknown_variant_is_named():
     done = subprocess.run([sys.executable, SCRIPT, "--variants", "ours,bogus"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
     assert done.returncode != 0
     assert "bogus" in done.stderr and "torch-hit" in done.stderr
