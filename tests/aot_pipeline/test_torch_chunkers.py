@@ -101,34 +101,26 @@ def _linear_cross_entropy_loss(model):
     return step
 
 
-def _largest_value(graphs) -> int:
-    return max(val.numel() for graph in graphs for node in graph.nodes
+def _largest_value_through_ours(make_step) -> int:
+    """The step compiled by us, checked against eager; the most elements of any value in the
+    forward and backward graphs our partitioner made."""
+    compiled = []
+
+    def ours(step):
+        compiled.append(aot_pipeline.compile(step))
+        return compiled[-1]
+
+    _assert_step_matches_eager(make_step, ours)
+    return max(val.numel() for part in compiled[-1].partitions
+               for graph in (part.forward.graph, part.backward.graph) for node in graph.nodes
                if isinstance(val := node.meta.get("val"), torch.Tensor))
 
 
 def test_linear_cross_entropy_in_user_code_passes_through_exact_and_stays_chunked():
-    compiled = {}
-
-    def ours(step):
-        compiled["model"] = aot_pipeline.compile(step)
-        return compiled["model"]
-
-    _assert_step_matches_eager(_linear_cross_entropy_loss, ours)
-    graphs = [graph for part in compiled["model"].partitions for graph in (part.forward.graph,
-                                                                           part.backward.graph)]
     # No value of the whole logits' size in either graph: the chunks were not joined.
-    assert _largest_value(graphs) < BATCH * TOKENS * VOCAB
+    assert _largest_value_through_ours(_linear_cross_entropy_loss) < BATCH * TOKENS * VOCAB
 
 
 def test_the_unchunked_loss_does_hold_the_whole_logits():
     # The opposite case of the check above: the plain loss's graphs have the logits.
-    compiled = {}
-
-    def ours(step):
-        compiled["model"] = aot_pipeline.compile(step)
-        return compiled["model"]
-
-    _assert_step_matches_eager(_gpt_loss, ours)
-    graphs = [graph for part in compiled["model"].partitions for graph in (part.forward.graph,
-                                                                           part.backward.graph)]
-    assert _largest_value(graphs) >= BATCH * TOKENS * VOCAB
+    assert _largest_value_through_ours(_gpt_loss) >= BATCH * TOKENS * VOCAB
