@@ -187,9 +187,9 @@ class _PristineCopies:
         self.copies: list[tuple[Any, Any]] = []
         original = recorder.record_forward
 
-        def record(forward: Any, backward: Any = None, num_fwd_outputs: Any = None) -> None:
+        def record(forward: Any, backward: Any = None, *args: Any, **kwargs: Any) -> None:
             self.copies.append((copy.deepcopy(forward), copy.deepcopy(backward)))
-            original(forward, backward, num_fwd_outputs)
+            original(forward, backward, *args, **kwargs)
 
         recorder.record_forward = record
 

@@ -214,9 +214,9 @@ def _keep_partitions(recorder: Any) -> list[tuple[Any, Any]]:
     kept: list[tuple[Any, Any]] = []
     record = recorder.record_forward
 
-    def keep(forward: Any, backward: Any = None, num_fwd_outputs: Any = None) -> None:
+    def keep(forward: Any, backward: Any = None, *args: Any, **kwargs: Any) -> None:
         kept.append((copy.deepcopy(forward), copy.deepcopy(backward)))
-        record(forward, backward, num_fwd_outputs)
+        record(forward, backward, *args, **kwargs)
 
     recorder.record_forward = keep
     return kept

@@ -24,7 +24,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import partition_fresh_bench as bench  # noqa: E402
-
 from aot_partition import PartitionConfig, min_cut_rematerialization_partition  # noqa: E402
 
 BUDGETS = (1.0, 0.8, 0.5, 0.2, 0.0)
@@ -41,9 +40,8 @@ def cell(joint: bench.Joint, config: PartitionConfig) -> str:
 
 
 def fingerprints(models: list[str]) -> dict[str, str]:
-    from zoo import ZOO
-
     import test_real_models as real
+    from zoo import ZOO
 
     joints = []
     if "zoo" in models:

@@ -101,9 +101,9 @@ def compile_step(model: LanguageModelStep, memory_budget: float | str = 1.0,
     result = CompiledStep(model, compiled)
     record: Callable[..., None] = compiled.recorder.record_forward
 
-    def keep_copy(forward: Any, backward: Any = None, num_fwd_outputs: Any = None) -> None:
+    def keep_copy(forward: Any, backward: Any = None, *args: Any, **kwargs: Any) -> None:
         result.partitions.append((copy.deepcopy(forward), copy.deepcopy(backward)))
-        record(forward, backward, num_fwd_outputs)
+        record(forward, backward, *args, **kwargs)
 
     compiled.recorder.record_forward = keep_copy
     result.run()

@@ -337,8 +337,11 @@ def back_to_back_agreements(rounds: int, guarded: bool = True) -> int:
     """``rounds`` agreements of 'profile' times and checks of the saved set, back to back under
     the Python dispatcher, which Dynamo and AOTAutograd turn on while the partitioner runs
     (three all-reduces a round, nothing between them: the times come from a cache). With
-    ``guarded=False`` the collectives run as they did before the fix. The rounds done."""
+    ``guarded=False`` the collectives run as they did before the fix. The rounds done. The
+    timed part starts at the loop (``ranks.mark_ready``) and each round reports its count
+    (``ranks.report_progress``), so a run is judged by its state: stalled or counting."""
     from aot_partition.fx import _compat
+    from ranks import mark_ready, report_progress
     from torch._dispatch.python import enable_python_dispatcher
 
     graph = torch.fx.symbolic_trace(collective_free_block).graph
@@ -349,9 +352,11 @@ def back_to_back_agreements(rounds: int, guarded: bool = True) -> int:
         _compat.real_kernels = _unguarded_real_kernels()
     try:
         with enable_python_dispatcher():
-            for _ in range(rounds):
+            mark_ready()
+            for done in range(rounds):
                 spmd.agree_on_profile_times(graph, lambda node: 1.0, lambda node: node.name)
                 spmd.check_saved_agreement(ops, config)
+                report_progress(done + 1)
     finally:
         _compat.real_kernels = original
     return rounds

@@ -187,3 +187,42 @@ def test_pipeline_wheel_installs_with_its_siblings(wheels, tmp_path):
         "import aot_pipeline, aot_compilers, compiled_autograd, aot_partition, aot_config; print('ok')")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+# ---- the READMEs' install path: the packages are on no index (issue 52, item 8) -------------
+
+INSTALL_STEPS = ("uv build --all-packages -o dist", "--find-links dist")
+READMES = [ROOT / "README.md", *sorted(ROOT.glob("packages/*/README.md"))]
+
+
+@pytest.mark.parametrize("readme", READMES, ids=lambda p: p.parent.name if p.parent != ROOT
+                         else "root")
+def test_each_readme_says_how_to_install_from_built_wheels(readme):
+    # `pip install aot-partition` from an index finds nothing, and its wheel alone does not
+    # resolve (aot-config is no index's either): each README gives the way that works.
+    text = readme.read_text()
+    missing = [step for step in INSTALL_STEPS if step not in text]
+    assert not missing, f"{readme.relative_to(ROOT)} does not say {missing}"
+
+
+@needs_uv
+def test_the_core_installs_from_the_wheels_the_readmes_build(tmp_path):
+    """The READMEs' commands as written, in a scratch folder: ``uv build --all-packages -o
+    dist`` from the workspace, then aot-partition (its core: torch would take minutes to
+    install) with ``--find-links dist`` into a fresh venv, by uv's pip (numpy, scipy and
+    networkx from uv's cache or the index; aot-config only from dist)."""
+    build = INSTALL_STEPS[0].split()
+    subprocess.run([uv, *build[1:-1], str(tmp_path / build[-1]), "--quiet"], cwd=ROOT,
+                   check=True)
+    wheels = tmp_path / "dist"
+    assert sorted(p.name.split("-")[0] for p in wheels.glob("*.whl")) == sorted(
+        name.replace("-", "_") for name in PACKAGES)
+    proc = _clean_venv_import(
+        wheels, tmp_path, "aot-partition",
+        "import sys, aot_partition.core as core\n"
+        "graph = core.CoreGraph((core.CoreNode('x', nbytes=8, category='input', forward=True),\n"
+        "    core.CoreNode('g', category='tangent', in_backward=True),\n"
+        "    core.CoreNode('gx', ('g', 'x'), nbytes=8, in_backward=True, backward=True)))\n"
+        "print(core.partition(graph).saved, 'torch' in sys.modules)\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["('x',)", "False"]

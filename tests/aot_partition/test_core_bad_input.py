@@ -36,10 +36,10 @@ def test_inputs_as_a_string_is_not_split_into_letters():
     assert CoreNode("n", inputs=["x", "w"]).inputs == ("x", "w")  # any iterable of ids
 
 
-@pytest.mark.parametrize("nbytes", [True, -1, 1.5, 4.0, "8", None, math.nan])
+@pytest.mark.parametrize("nbytes", [True, -1, 1.5, 4.0, "8", None, math.nan, 2**63])
 def test_nbytes_must_be_a_whole_number(nbytes):
-    assert error_of(nbytes=nbytes) == (f"node 'n' has nbytes {nbytes!r}; must be an int >= 0 "
-                                       "(the bytes of its output)")
+    assert error_of(nbytes=nbytes) == (f"node 'n' has nbytes {nbytes!r}; must be an int from 0 "
+                                       "to 9223372036854775807 (the bytes of its output)")
 
 
 def test_numpy_integers_are_byte_counts():

@@ -3,6 +3,8 @@ monotone and deterministic, with the fx path's UnreachableMemoryBudgetError word
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from aot_partition.core import (
     CoreGraph,
@@ -266,3 +268,63 @@ def test_repeated_layers_solve_one_bounded_item_per_kind_with_the_same_optimum()
         kept = set(range(len(memories))) - set(solve(fraction))
         assert sum(memories[k] for k in kept) <= fraction + 1e-9
         assert sum(runtimes[k] for k in kept) == dp_knapsack(memories, runtimes, fraction)[0]
+
+
+def read_far_from_the_inputs(middle: str = "compute") -> CoreGraph:
+    """x @ w, then t = pointwise(mm) and out = sum(t); the backward reads only t (gt = g * t).
+    The min cut prices x 64 * 1.1**3 (three hops from the backward) and mm 64 * 1.1**2, so its
+    recompute-everything cut (every ban lifted) saves mm (64 bytes), though x and w cost
+    nothing in the byte measure and the backward can recompute mm and t from them (issue 52,
+    item 5)."""
+    return CoreGraph((
+        CoreNode("x", nbytes=64, category="input", forward=True),
+        CoreNode("w", nbytes=256, category="parameter", forward=True),
+        CoreNode("mm", ("x", "w"), nbytes=64, category=middle, forward=True, runtime=8.0),
+        CoreNode("t", ("mm",), nbytes=64, category="pointwise", forward=True, runtime=1.0),
+        CoreNode("out", ("t",), nbytes=4, category="reduction", forward=True, runtime=1.0),
+        CoreNode("g", nbytes=4, category="tangent", in_backward=True),
+        CoreNode("gt", ("g", "t"), nbytes=64, category="pointwise", in_backward=True,
+                 backward=True),
+    ))
+
+
+def test_a_zero_byte_cap_recomputes_from_the_free_inputs():
+    graph = read_far_from_the_inputs()
+    # Must fire: the cut that lifts every ban, priced as the min cut prices, saves mm.
+    assert partition(graph).saved == ("mm",)
+    for budget in ({"max_saved_bytes": 0}, {"fraction": 0.0},
+                   {"fraction": 0.0, "fraction_of": "runtime_optimal"}):
+        answer = partition_under_budget(graph, **budget)
+        assert (answer.saved, answer.saved_bytes) == (("x", "w"), 0), budget
+        assert answer.label == "recompute everything, fewest bytes"
+        assert answer.recompute_runtime == 9.0  # mm and t
+        assert {k: d.kind for k, d in answer.partition.decisions.items()
+                if d.kind == "recomputed"} == {"mm": "recomputed", "t": "recomputed"}
+    # 1.0 stays the runtime-optimal cut (t saved, nothing recomputed); the span is 0 to 64.
+    optimal = partition_under_budget(graph, fraction=1.0)
+    assert (optimal.label, optimal.saved, optimal.recompute_runtime) == (
+        "runtime-optimal", ("t",), 0.0)
+    assert partition_under_budget(graph, max_saved_bytes=63).saved == ("x", "w")
+    assert partition_under_budget(graph, max_saved_bytes=64).saved == ("t",)
+
+
+def test_without_runtimes_a_zero_byte_cap_still_recomputes_from_the_inputs():
+    """No runtime, so no knapsack item: the only other cut is the inputs' one."""
+    graph = CoreGraph(tuple(replace(n, runtime=0.0) for n in read_far_from_the_inputs().nodes))
+    assert partition_under_budget(graph, fraction=1.0).saved == ("mm",)
+    answer = partition_under_budget(graph, max_saved_bytes=0)
+    assert (answer.saved, answer.saved_bytes, answer.recompute_runtime) == (("x", "w"), 0, 0.0)
+
+
+def test_what_cannot_be_recomputed_from_the_inputs_keeps_its_floor():
+    """The opposite case: mm is a random op (never recomputed without allow_recompute), so
+    the backward needs mm or t saved whatever the inputs cost: 64 bytes is the floor."""
+    graph = read_far_from_the_inputs(middle="random")
+    with pytest.raises(UnreachableMemoryBudgetError) as info:
+        partition_under_budget(graph, max_saved_bytes=0)
+    assert str(info.value) == ("activation memory budget 0 bytes is unreachable: the least "
+                               "this graph can save is 64 bytes (runtime-optimal)")
+    assert (info.value.cap, info.value.least) == (0, 64)
+    answer = partition_under_budget(graph, fraction=0.0)
+    assert answer.saved_bytes == 64 and answer.saved in (("mm",), ("t",))
+    assert partition_under_budget(graph, max_saved_bytes=64).saved_bytes == 64

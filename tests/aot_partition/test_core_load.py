@@ -14,8 +14,24 @@ ONE_NODE = '[{"id": "x", "nbytes": 8, "forward": true}]'
 @pytest.mark.parametrize(("source", "message"), [
     ("[" * 50_000 + "]" * 50_000,
      "the JSON text nests deeper than 32 levels; a graph nests three (nodes, a node, its inputs)"),
-    ('[{"nbytes": ' + "9" * 5000 + "}]", "the JSON text: an integer of 5000 digits (at most 30)"),
+    # the node and the field named, with what is valid (issue 52)
+    ('[{"id": "h", "nbytes": ' + "9" * 5000 + "}]",
+     "the JSON text: node 'h' has nbytes of 5000 digits; must be an int from 0 to "
+     "9223372036854775807 (the bytes of its output)"),
+    ('[{"id": "a"}, {"id": "h", "nbytes": 1' + "0" * 30 + "}]",  # 10**30
+     "the JSON text: node 'h' has nbytes of 31 digits; must be an int from 0 to "
+     "9223372036854775807 (the bytes of its output)"),
+    ('[{"nbytes": ' + "9" * 5000 + "}]",
+     "the JSON text: node 0 has nbytes of 5000 digits; must be an int from 0 to "
+     "9223372036854775807 (the bytes of its output)"),
+    ('[{"id": "h", "inputs": [' + "7" * 40 + "]}]",
+     "the JSON text: node 'h' has an integer of 40 digits in inputs; must be an integer of at "
+     "most 30 digits"),
+    ("[[" + "7" * 40 + "]]",
+     "the JSON text: node 0 holds an integer of 40 digits (at most 30); each node is a dict of "
+     "CoreNode fields"),
     ('"not json"', "the JSON text: a graph is a list of node objects, got str"),
+    ('{"nodes": ' + "7" * 40 + "}", "the JSON text: a graph is a list of node objects, got int"),
     ("not json", "'not json' is not a file; give a file path, or JSON text (it starts with [ or {)"),
     ('{"nodes": [], "nodes": []}', "the JSON text: key 'nodes' is given twice in one object"),
     ("", "load_core_graph got empty text: give JSON text or a file path"),

@@ -142,7 +142,11 @@ def test_from_dicts_checks_like_the_constructor():
     assert message(lambda: CoreGraph.from_dicts([{"id": "y", "runtime": math.nan}])) == (
         "node 'y' has runtime nan; must be a finite number >= 0")
     assert message(lambda: CoreGraph.from_dicts([{"id": "y", "nbytes": True}])) == (
-        "node 'y' has nbytes True; must be an int >= 0 (the bytes of its output)")
+        "node 'y' has nbytes True; must be an int from 0 to 9223372036854775807 (the bytes of "
+        "its output)")
+    assert message(lambda: CoreGraph.from_dicts([{"id": "y", "nbytes": 2**63}])) == (
+        "node 'y' has nbytes 9223372036854775808; must be an int from 0 to 9223372036854775807 "
+        "(the bytes of its output)")
 
 
 def test_json_round_trip(tmp_path):

@@ -263,18 +263,28 @@ def test_ddp_and_fsdp2_give_eager_gradients_at_every_budget():
 
 # ---- 2 real ranks: back-to-back collectives while torch compiles (a deadlock before) ----------
 
+# Judged by state, not by the clock: a run that still counts rounds is not deadlocked however
+# slow the machine; one whose counts stand still for STALL_S while both ranks are in the loop
+# is. Starting the ranks (torch's import) is outside every bound (ranks.py).
+STALL_S = 20
+
+
 def test_back_to_back_agreements_under_the_python_dispatcher_finish():
     # 1,000 rounds of 3 all-reduces: without the fix torch 2.13 deadlocked within 10-200
     assert run_ranks("dist_cases_spmd:back_to_back_agreements", world_size=2,
-                     kwargs={"rounds": 1000}, timeout=120) == [1000, 1000]
+                     kwargs={"rounds": 1000}, ready="marked", stall_timeout=STALL_S,
+                     timeout=500) == [1000, 1000]
 
 
 def test_the_same_collectives_with_the_python_dispatcher_on_deadlock():
     # The opposite case: what the fix guards against. Both ranks end up in an all-reduce, one
-    # queueing it with the GIL held, the other waiting for it.
-    with pytest.raises(RanksFailed, match="did not finish in 25 s") as failure:
+    # queueing it with the GIL held, the other waiting for it: their round counts stop.
+    with pytest.raises(RanksFailed, match=f"made no progress in {STALL_S} s") as failure:
         run_ranks("dist_cases_spmd:back_to_back_agreements", world_size=2,
-                  kwargs={"rounds": 100_000, "guarded": False}, timeout=25)
+                  kwargs={"rounds": 100_000, "guarded": False}, ready="marked",
+                  stall_timeout=STALL_S, timeout=500)
+    counts = re.search(r"count stayed at \[(\d+), (\d+)\]", str(failure.value))
+    assert counts is not None and max(map(int, counts.groups())) < 100_000, str(failure.value)
     for rank_output in str(failure.value).split("--- rank ")[1:]:
         assert re.search(r"distributed_c10d.py\", line \d+ in all_reduce\n.*\n.*"
                          r"line \d+ in _all_reduce_max", rank_output), rank_output

@@ -146,6 +146,166 @@ def test_an_input_that_breaks_an_exported_programs_guards_names_input(tmp_path):
     path = tmp_path / "linear.pt2"
     torch.export.save(torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)), path)
     assert ModelSpec("exported", str(path), inputs=("2x4",)).build().module is not None
-    with pytest.raises(UserModelError, match=r"--input does not fit --exported '.*linear.pt2' "
-                                             r"\(its example inputs: 2x4:float32\): "):
+    with pytest.raises(UserModelError, match=r"--input '2x5' does not fit --exported "
+                                             r"'.*linear.pt2' \(its example inputs: "
+                                             r"2x4:float32\): "):
         ModelSpec("exported", str(path), inputs=("2x5",)).build()
+
+
+# ---- issue 52: each unclear error is one line naming the culprit and what is valid ----------
+
+TINY_FACTORIES = __import__("pathlib").Path(__file__).parent / "user_models" / "tiny_factories.py"
+
+
+def _main_error(capsys, *argv: str) -> str:
+    """The command's one error line, run in this process (exit 2, nothing on stdout)."""
+    from aot_pipeline.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.rstrip("\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # the key and its valid range, not the factory's RuntimeError about a tensor's dimension
+    (["--model", f"{TINY_FACTORIES}:mlp", "--model-config", "width=-1"],
+     "--model-config width=-1: must be >= 0 (a count or size; the factory's default is 16)"),
+    (["--model", f"{TINY_FACTORIES}:mlp", "--model-config", "widht=3"],
+     f"--model-config widht=3: the factory '{TINY_FACTORIES}:mlp' has no parameter 'widht' "
+     "(did you mean 'width'?); it takes width"),
+    # argparse took "-1x4" for an option ("expected one argument")
+    (["--model", f"{TINY_FACTORIES}:module_only", "--input", "-1x4"],
+     "--input '-1x4': dimension -1 is negative; every dimension must be at least 1, e.g. 2x128"),
+    (["--model", f"{TINY_FACTORIES}:module_only", "--input=2x-4"],
+     "--input '2x-4': dimension -4 is negative; every dimension must be at least 1, e.g. 2x128"),
+    # these three ended in Dynamo's fake-tensor explanations
+    (["--model", f"{TINY_FACTORIES}:module_only", "--input", "0"],
+     "--input '0': dimension 0 makes an empty tensor; every dimension must be at least 1, e.g. "
+     "2x128"),
+    (["--model", f"{TINY_FACTORIES}:module_only", "--input", "16384x16384"],
+     "--input '16384x16384': 268435456 float32 elements take 1073741824 bytes, over the "
+     "268435456 (256 MiB) an example input may; give a smaller shape"),
+    (["--model", f"{TINY_FACTORIES}:mlp", "--input", "2x5"],
+     f"--input '2x5' does not fit --model '{TINY_FACTORIES}:mlp' (its example inputs: "
+     "2x8:float32): RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x5 and 8x16)"),
+    # the option typed is the one named
+    (["--model", f"{TINY_FACTORIES}:mlp", "--model-config", "width"],
+     "--model-config 'width': give key=value pairs separated by commas, e.g. "
+     "num_classes=10,depth=2"),
+    (["--model", f"{TINY_FACTORIES}:mlp", "--model-config", "width=3,width=4"],
+     "--model-config: width is given twice; give each key once"),
+    (["--model", f"{TINY_FACTORIES}:mlp", "--model-config", "width=3", "--hf-config",
+      "width=4"],
+     "--model-config given twice (--hf-config too); give every key=value pair in one, "
+     "separated by commas"),
+])
+def test_unclear_model_and_input_errors_are_one_line_naming_the_culprit(capsys, argv, message):
+    assert _main_error(capsys, "partition", *argv) == f"aot-pipeline: error: {message}"
+
+
+def test_the_opposite_case_a_fitting_input_and_config_still_partition(capsys):
+    from aot_pipeline.cli import main
+
+    assert main(["partition", "--model", f"{TINY_FACTORIES}:mlp", "--model-config", "width=4",
+                 "--input", "3x8"]) == 0
+    out, _ = capsys.readouterr()
+    assert "saved for backward:" in out
+
+
+def test_the_input_fit_check_leaves_no_trace_on_the_model():
+    """The eager forward that checks --input puts batch-norm statistics and the random state
+    back: the model built is the one built without the check."""
+    from aot_pipeline.user_models import ModelSpec, _check_inputs_fit
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Dropout(0.5))
+    batch = torch.randn(8, 4) * 5 + 3
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.random.get_rng_state()
+    _check_inputs_fit(ModelSpec("factory", "x:y", inputs=("8x4",)), model, (), (batch,))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+def test_a_torch_trace_folder_that_cannot_be_created_fails_first_in_one_line(capsys,
+                                                                           monkeypatch):
+    # /proc refuses a new folder even to root, for whom access() says it is writable
+    monkeypatch.setenv("TORCH_TRACE", "/proc/x")
+    assert _main_error(capsys, "partition", "--model", "mlp", "--layers", "1",
+                       "--memory-budget", "0.5") == (
+        "aot-pipeline: error: TORCH_TRACE='/proc/x': cannot create that folder (No such file or "
+        "directory); point it at a folder you can write, or unset it")
+
+
+def test_the_opposite_case_a_new_torch_trace_folder_is_fine(tmp_path):
+    from aot_pipeline.cli import _check_torch_trace
+
+    _check_torch_trace(str(tmp_path / "new" / "trace"))
+    assert (tmp_path / "new" / "trace").is_dir()
+
+
+def _archive_declaring(path, name: str, declared: int, compressed: int, deflated: bool) -> None:
+    """A zip archive whose one member declares ``declared`` bytes uncompressed and
+    ``compressed`` stored, its data a hole in a sparse file: a 3 GiB member on disk in
+    kilobytes, what zipfile's directory says without a byte of it written (sizes under 4 GiB:
+    no zip64 records needed)."""
+    import struct
+
+    method = 8 if deflated else 0
+    encoded = name.encode()
+    with open(path, "wb") as archive:
+        archive.write(struct.pack("<4s2B4HL2L2H", b"PK\x03\x04", 20, 0, 0, method, 0, 0x21,
+                                  0, compressed, declared, len(encoded), 0) + encoded)
+        archive.seek(compressed, 1)  # the member's data: a hole
+        directory_at = archive.tell()
+        entry = struct.pack("<4s4B4HL2L5H2L", b"PK\x01\x02", 20, 3, 20, 0, 0, method, 0, 0x21,
+                            0, compressed, declared, len(encoded), 0, 0, 0, 0, 0, 0) + encoded
+        archive.write(entry)
+        archive.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(entry),
+                                  directory_at, 0))
+
+
+@pytest.mark.parametrize("deflated", [False, True])
+def test_an_exported_archive_declaring_gigabytes_is_refused_by_its_directory(tmp_path, deflated):
+    """A 3 GiB member, stored (a 3 GiB file: it was read whole, 7 GB of memory, before torch
+    refused it) or deflated from 4 MiB (ratio 768: under the zip-bomb check): refused by the
+    sizes the zip directory declares, nothing of the member read, torch not imported."""
+    big = tmp_path / "big.pt2"
+    compressed = 4 << 20 if deflated else 3 << 30
+    _archive_declaring(big, "big/data/0", 3 << 30, compressed, deflated)
+    probe = ("import sys, zipfile\n"
+             "def refuse(*args, **kwargs):\n"
+             "    raise AssertionError('a member was opened')\n"
+             "zipfile.ZipFile.open = refuse\n"
+             "from aot_pipeline.cli import main\n"
+             "code = main(sys.argv[1:])\n"
+             "print('torch imported' if 'torch' in sys.modules else 'torch not imported')\n"
+             "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", probe, "partition", "--exported", str(big)],
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (2, "torch not imported\n"), done.stderr
+    assert done.stderr == (
+        f"aot-pipeline: error: --exported '{big}': its members declare 3221225472 bytes "
+        "uncompressed (the largest, 'big/data/0', 3221225472), over the 2147483648 (2 GiB) "
+        "--exported reads; refused before reading them (torch.export.load holds a program in "
+        "memory about twice over): export the model in a smaller configuration\n")
+
+
+def test_the_library_path_refuses_it_before_torch_reads_it(tmp_path, monkeypatch):
+    import torch
+    from aot_pipeline.user_models import ModelSpec, UserModelError
+
+    big = tmp_path / "big.pt2"
+    _archive_declaring(big, "big/data/0", 3 << 30, 3 << 30, deflated=False)
+
+    def never(*args, **kwargs):
+        raise AssertionError("torch.export.load read the archive")
+
+    monkeypatch.setattr(torch.export, "load", never)
+    with pytest.raises(UserModelError, match=r"its members declare 3221225472 bytes "
+                                             r"uncompressed .* refused before reading them"):
+        ModelSpec("exported", str(big)).build()

@@ -126,3 +126,59 @@ def test_option_names_that_are_not_strings_get_our_error():
     model = torch.compile(nn.Linear(2, 2), backend="aot_pipeline", options={1: 2})
     with pytest.raises(Exception, match=NON_STRING_NAMES):
         model(torch.randn(1, 2))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"memory_budget": "64KiB", "memory_budget_bytes": 1000},
+     "aot_pipeline options memory_budget='64KiB' and memory_budget_bytes=1000 both set the "
+     "saved-bytes cap (65536 bytes and 1000 bytes); give it once: memory_budget='64KiB' or "
+     "memory_budget_bytes=1000"),
+    ({"memory_budget": "20GiB peak", "memory_peak_bytes": 4096},
+     "aot_pipeline options memory_budget='20GiB peak' and memory_peak_bytes=4096 both set the "
+     "peak cap (21474836480 bytes and 4096 bytes); give it once: memory_budget='20GiB peak' "
+     "or memory_peak_bytes=4096"),
+    ({"memory_budget": "1GiB peak", "memory_peak_fraction": 0.5},
+     "aot_pipeline options memory_budget='1GiB peak' and memory_peak_fraction=0.5 both set the "
+     "peak cap (1073741824 bytes and 0.5 of the uncapped peak); give it once: "
+     "memory_budget='1GiB peak' or memory_peak_fraction=0.5"),
+    ({"memory_budget": 0.5, "memory_budget_bytes": 1000},
+     "aot_pipeline options memory_budget=0.5 and memory_budget_bytes=1000 both set the memory "
+     "budget, and a cap replaces the fraction (it would be ignored); give one: "
+     "memory_budget=0.5 or memory_budget_bytes=1000"),
+])
+def test_one_options_dict_naming_a_budget_twice_is_refused_naming_both(options, message):
+    """Neither form silently wins (the string used to overwrite the field, or a peak fraction
+    to undercut the string's bytes): refused before any graph, through every entry point."""
+    from aot_pipeline.backend import make_backend
+
+    with pytest.raises(PipelineOptionError) as info:
+        make_backend(options)
+    assert str(info.value) == message
+    with pytest.raises(PipelineOptionError) as info:
+        PipelineOptions.from_mapping(options, PipelineOptions())
+    assert str(info.value) == message
+    torch._dynamo.reset()
+    compiled = torch.compile(nn.Linear(2, 2), backend="aot_pipeline",
+                             options={"compiler": "nop", **options})
+    with pytest.raises(Exception) as wrapped:  # torch.compile wraps what a back end raises
+        compiled(torch.randn(1, 2))
+    assert str(getattr(wrapped.value, "inner_exception", wrapped.value)) == message
+
+
+def test_a_budget_given_twice_as_dataclass_fields_is_refused_too():
+    with pytest.raises(PipelineOptionError, match=r"memory_budget='64KiB' and "
+                                                  r"memory_budget_bytes=1000 both set"):
+        PipelineOptions(memory_budget="64KiB", memory_budget_bytes=1000)
+
+
+def test_the_opposite_case_a_budget_given_twice_alike_or_two_caps_are_honoured():
+    from aot_pipeline.backend import resolve_options
+
+    same = resolve_options({"memory_budget": "64KiB", "memory_budget_bytes": 65536})
+    assert same.memory_budget_bytes == 65536
+    # A saved-bytes cap and a peak cap are two budgets: the partitioner meets both.
+    both = resolve_options({"memory_budget": "64KiB", "memory_peak_bytes": 2**20})
+    assert (both.memory_budget_bytes, both.memory_peak_bytes) == (65536, 2**20)
+    # A fraction of 1.0 limits nothing: it is what a cap leaves the fraction at.
+    plain = resolve_options({"memory_budget": 1.0, "memory_budget_bytes": 5})
+    assert (plain.memory_budget, plain.memory_budget_bytes) == (1.0, 5)

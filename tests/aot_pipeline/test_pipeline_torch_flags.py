@@ -203,6 +203,25 @@ def test_an_option_our_set_flag_contradicts_is_refused_through_torch_compile():
             "aot_config.functorch.activation_memory_peak_bytes = 1073741824 disagree") in str(error)
 
 
+def test_an_option_flag_conflict_is_caught_as_the_documented_flag_conflict_error():
+    """Code written against the documented FlagConflictError (a framework catching a flag
+    mix-up) catches an option that a set flag contradicts too, with the flag's name and both
+    values on it."""
+    import aot_pipeline
+
+    case = make_case("gpt")
+    with torch_config.patch(activation_memory_budget=0.5), \
+            pytest.raises(FlagConflictError) as info:
+        aot_pipeline.compile(case.module, memory_budget=0.3)
+    error = info.value
+    assert isinstance(error, aot_pipeline.PipelineOptionError)
+    assert (error.name, error.torch_value, error.our_value) == ("activation_memory_budget", 0.5,
+                                                                0.3)
+    assert str(error) == ("aot_pipeline option memory_budget=0.3 and the flag "
+                          "torch._functorch.config.activation_memory_budget = 0.5 disagree; "
+                          "drop the option or unset the flag (or give both the same value)")
+
+
 def test_the_opposite_case_an_option_equal_to_the_set_flag_is_fine():
     with torch_config.patch(activation_memory_budget=0.5):
         assert _saved_by_compile(memory_budget=0.5) == _saved_by_compile()

@@ -81,14 +81,17 @@ def test_a_factory_by_module_name_with_kwargs_and_inputs(capsys, monkeypatch):
      "--input 'two by six': give a shape such as 2x128, optionally a dtype and, for integers, "
      "an upper bound: 2x128:int64:50257"),
     (["--model", "gpt", "--input", "2x8"],
-     "--hf-config/--model-config and --input are for your own model (--model "
-     "package.module:factory, --hf, ...), not the built-in 'gpt'"),
+     "--input is for your own model (--model package.module:factory, --hf, ...), not the "
+     "built-in 'gpt'"),
+    (["--model", "gpt", "--model-config", "width=3", "--input", "2x8"],
+     "--model-config and --input are for your own model (--model package.module:factory, "
+     "--hf, ...), not the built-in 'gpt'"),
     (["--model", "gtp"],
      "argument --model: 'gtp' is neither a built-in model (mlp, gpt, llama, convnet) nor a "
      "factory 'package.module:function' / 'path/to/file.py:function'"),
     (["--hf", "gpt2", "--hf-config", "n_layer"],
-     "argument --hf-config/--model-config: --hf-config 'n_layer': give key=value pairs "
-     "separated by commas, e.g. n_layer=2,n_embd=128,n_head=4"),
+     "--hf-config 'n_layer': give key=value pairs separated by commas, e.g. "
+     "n_layer=2,n_embd=128,n_head=4"),
     (["--torchvision", "resnet_nine_thousand"],
      "--torchvision 'resnet_nine_thousand' is not a torchvision model; e.g. resnet18, "
      "mobilenet_v3_small, efficientnet_b0, vit_b_16"),
@@ -113,13 +116,25 @@ def test_an_unknown_transformers_architecture_is_named(capsys):
     assert len(err) < 500 and "Traceback" not in err
 
 
-def test_a_transformers_config_it_cannot_build_is_the_users_error(capsys):
+@pytest.mark.parametrize(("config", "message"), [
+    # transformers says "`embed_dim` must be divisible by num_heads": said in the keys given
+    ("n_layer=1,n_embd=30,n_head=4",
+     "--hf-config n_embd=30,n_head=4: n_embd (30) must be divisible by n_head (4): each "
+     "attention head takes an equal share of the width; e.g. n_embd=32"),
+    ("n_layer=1,n_embd=128",
+     "--hf-config n_embd=128: n_embd (128) must be divisible by n_head (12, its default): each "
+     "attention head takes an equal share of the width; e.g. n_embd=132"),
+    ("n_layer=1,hidden_size=30,num_attention_heads=4",  # the config's aliases, as typed
+     "--hf-config hidden_size=30,num_attention_heads=4: hidden_size (30) must be divisible by "
+     "num_attention_heads (4): each attention head takes an equal share of the width; e.g. "
+     "hidden_size=32"),
+])
+def test_a_transformers_config_it_cannot_build_is_named_in_the_keys_given(capsys, config,
+                                                                          message):
     pytest.importorskip("transformers")
-    code, _, err = run(capsys, "partition", "--hf", "gpt2", "--hf-config", "n_layer=1,n_embd=128")
+    code, _, err = run(capsys, "partition", "--hf", "gpt2", "--hf-config", config)
     assert code == 2
-    assert err == ("aot-pipeline: error: --hf 'gpt2': building the model failed: ValueError: "
-                   "`embed_dim` must be divisible by num_heads (got `embed_dim`: 128 and "
-                   "`num_heads`: 12).\n")
+    assert err == f"aot-pipeline: error: {message}\n"
 
 
 def test_a_file_that_is_not_an_exported_program(capsys, tmp_path):

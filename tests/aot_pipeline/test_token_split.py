@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from aot_partition.memory_models.simulator import measure_peak
 from aot_partition.split.token_split import find_split_sites
 from aot_pipeline.options import PipelineOptionError
+from aot_pipeline.splitting import SplitMatchedNothingWarning
 from torch import nn
 
 
@@ -319,11 +320,59 @@ def test_logits_read_elsewhere_are_left_whole_with_the_reason():
         return loss, logits.argmax(-1)  # the logits are also read: nothing to save by chunks
 
     compiled = aot_pipeline.compile(step, split=4)
-    loss, _ = compiled(*_batch(96, 2, 16))
+    with pytest.warns(SplitMatchedNothingWarning) as caught:
+        loss, _ = compiled(*_batch(96, 2, 16))
     loss.backward()
     assert compiled.recorder.splits == []
     (alone,) = compiled.recorder.split_left_alone
     assert alone.reason.endswith("the loss must be its only reader")
+    (warning,) = [w for w in caught if w.category is SplitMatchedNothingWarning]
+    assert str(warning.message) == (
+        f"split=4 was asked for, but a compiled graph has nothing to split: its cross-entropy "
+        f"is left whole ({alone.loss}: {alone.reason}); that graph compiles whole")
+
+
+def test_an_explicit_split_that_matches_nothing_says_so_once_and_why():
+    """A model without its LM head and loss in the graph (the loss computed outside): split=4
+    cannot apply, and the user who asked for it is told, once, not left to guess."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = aot_pipeline.compile(model, compiler="nop", split=4)
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # a second step compiles nothing new and says nothing more
+            compiled(x).pow(2).mean().backward()
+    said = [str(w.message) for w in caught if w.category is SplitMatchedNothingWarning]
+    assert said == [
+        "split=4 was asked for, but a compiled graph has nothing to split: no linear projection "
+        "followed by a cross-entropy loss is in it (compile the loss with the model: the LM "
+        "head and its loss must be in one graph); that graph compiles whole"]
+    assert compiled.recorder.splits == []
+    eager(x).pow(2).mean().backward()
+    eager(x).pow(2).mean().backward()
+    for (name, got), want in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+
+
+def test_the_opposite_case_a_split_that_applies_or_auto_says_nothing():
+    import warnings
+
+    torch._dynamo.reset()
+    model = _gpt()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split = aot_pipeline.compile(_gpt_step(model), split=4, compiler="nop")
+        split(*_batch(96, 2, 16)).backward()
+        torch._dynamo.reset()
+        auto = aot_pipeline.compile(nn.Linear(8, 8), compiler="nop")  # split "auto"
+        auto(torch.randn(2, 8)).sum().backward()
+    assert [w for w in caught if w.category is SplitMatchedNothingWarning] == []
+    assert len(split.recorder.splits) == 1
 
 
 class _Head(nn.Module):
@@ -396,3 +445,20 @@ def test_the_flag_sets_the_default_and_a_contradicting_option_is_refused():
         assert aot_pipeline.compile(nn.Linear(2, 2)).options.split == 8
         with pytest.raises(OptionFlagConflictError, match="split"):
             aot_pipeline.compile(nn.Linear(2, 2), split=4)
+
+
+def test_against_recompute_auto_tries_more_chunks_down_to_128_tokens():
+    """Issue 50: under a cap the whole graph met by recomputing, "auto" compared only the split
+    in chunks of >= 1,024 tokens (2 chunks of 2,048 tokens), which still recomputed; 16 chunks
+    fit with none. The counts tried now double from there down to 128 tokens a chunk."""
+    from types import SimpleNamespace
+
+    from aot_pipeline.splitting import split_counts_against_recompute
+
+    def sites(tokens):
+        return [SimpleNamespace(tokens=tokens, bytes_saved=lambda k: 0)]
+
+    assert split_counts_against_recompute(sites(2048)) == [2, 4, 8, 16]
+    assert split_counts_against_recompute(sites(8192)) == [8, 16, 32, 64]
+    assert split_counts_against_recompute(sites(256)) == [2]  # 128 tokens a chunk at most
+    assert split_counts_against_recompute(sites(2**20)) == [64]  # MAX_CHUNKS

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -12,6 +14,11 @@ from torch import nn
 from .backend import make_backend, with_explicit_options
 from .options import PipelineOptions, inductor_pairs
 from .recording import PartitionRecorder
+
+if TYPE_CHECKING:
+    from .step_peak import StepPeak
+
+log = logging.getLogger(__name__)
 
 
 class CompiledModel:
@@ -52,6 +59,34 @@ class CompiledModel:
         """Bytes the partitioned forward graphs save for backward (None before the first call)."""
         return self.recorder.saved_bytes
 
+    def predicted_peak(self, model: str | None = None) -> StepPeak:
+        """The predicted peak of one step across every graph it compiled to (``StepPeak``:
+        ``above_inputs_bytes``, ``peak_bytes``, each graph's own; ``describe()``), priced by
+        the memory model of the program that runs (``model``: ``"inductor"`` for
+        ``compiler="inductor"``, else ``"eager"``) on the graphs as partitioned; see
+        aot_pipeline.step_peak for how graphs of one step combine. Priced once per set of
+        graphs (a recompile adds graphs: the step's newest compile is its last graphs).
+        Needs the partitions recorded (``record_partitions=True``, the default) and one step
+        run; ValueError otherwise."""
+        from . import step_peak
+
+        model = model or ("inductor" if self.options.compiler == "inductor" else "eager")
+        recorded = [(p.as_partitioned, p.static_input_indices) for p in self.partitions
+                    if p.as_partitioned is not None]
+        key = (model, len(recorded))
+        cached = self.__dict__.get("_predicted")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if not recorded:
+            raise ValueError("no partition recorded yet: run the compiled step once (with "
+                             "record_partitions=True, the default) before predicted_peak()")
+        graphs = [step_peak.price_graph(i, fw, bw, model, static, _allocator_of(fw))
+                  for i, ((fw, bw), static) in enumerate(recorded, 1)]
+        found = step_peak.combine(graphs)
+        self.__dict__["_predicted"] = (key, found)
+        log.info("%s", found.describe())
+        return found
+
     @contextlib.contextmanager
     def backward_context(self) -> Iterator[None]:
         """Wrap ``loss.backward()`` in this to run it through compiled autograd (if enabled)."""
@@ -74,9 +109,19 @@ class CompiledModel:
         if self.options.compiler != "inductor":
             # Our graph compilers would run the captured graph as traced: skip the detour.
             return graph
-        # The captured backward has no grad to take: the same back end compiles it for inference.
-        return torch.compile(graph, backend=make_backend(self.options), fullgraph=True,
-                             dynamic=self._dynamic)
+        # The captured backward has no grad to take: the same back end compiles it for
+        # inference. No split: a backward holds no loss to split (it would only warn so).
+        return torch.compile(graph, backend=make_backend(replace(self.options, split=False)),
+                             fullgraph=True, dynamic=self._dynamic)
+
+
+def _allocator_of(forward: torch.fx.GraphModule) -> str | None:
+    """"cuda" when the graph runs on CUDA (peaks counted in the caching allocator's blocks)."""
+    for node in forward.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return "cuda" if val.device.type == "cuda" else None
+    return None
 
 
 def compile(  # noqa: A001 - mirrors torch.compile

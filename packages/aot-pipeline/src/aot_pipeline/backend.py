@@ -29,10 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import torch.fx as fx
+from aot_partition.errors import FlagConflictError
 
-from . import _compat
+from . import _compat, torch_chunkers
 from .gc_deferral import full_collections_deferred
-from .options import PipelineOptionError, PipelineOptions, inductor_pairs, split_options
+from .options import (
+    BUDGET_OPTIONS,
+    PipelineOptionError,
+    PipelineOptions,
+    check_budget_given_once,
+    inductor_pairs,
+    split_options,
+)
 from .recording import PartitionRecorder
 from .splitting import with_token_split
 
@@ -75,20 +83,26 @@ FLAG_OF_OPTION = {
     "solver": "activation_memory_budget_solver",
     "split": "activation_token_split",
 }
-# One budget, written in one of its forms: giving one sets the others to theirs.
-BUDGET_OPTIONS = ("memory_budget", "memory_budget_bytes", "memory_peak_bytes",
-                  "memory_peak_fraction")
 
 
-class OptionFlagConflictError(PipelineOptionError):
+class OptionFlagConflictError(PipelineOptionError, FlagConflictError):
     """An option given to aot_pipeline and a partitioner flag someone set disagree: the
-    partitioner would follow only one of them, so neither is chosen silently."""
+    partitioner would follow only one of them, so neither is chosen silently.
+
+    A ``FlagConflictError`` too (the documented error for flags that disagree), so code that
+    catches that one catches this. As such, ``name`` is the flag's name
+    (``activation_memory_budget``), ``torch_value`` the flag's value (torch's flag or ours:
+    ``flag`` says which) and ``our_value`` the option's."""
 
     def __init__(self, option: str, value: Any, flag: str, flag_value: Any) -> None:
         self.option, self.value, self.flag, self.flag_value = option, value, flag, flag_value
-        super().__init__(
-            f"aot_pipeline option {option}={value!r} and the flag {flag} = {flag_value!r} "
-            "disagree; drop the option or unset the flag (or give both the same value)")
+        self.name, self.torch_value, self.our_value = flag.rpartition(".")[2], flag_value, value
+        self.problem = "an aot_pipeline option and a set flag disagree"
+        # Not FlagConflictError.__init__: its message speaks of two flags.
+        ValueError.__init__(
+            self, f"aot_pipeline option {option}={value!r} and the flag {flag} = "
+                  f"{flag_value!r} disagree; drop the option or unset the flag (or give both "
+                  "the same value)")
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a worker process's error)
         return (type(self), (self.option, self.value, self.flag, self.flag_value))
@@ -110,6 +124,7 @@ def with_explicit_options(explicit: Mapping[str, Any],
     an argument never silently overrides a flag a user or their framework set, nor the
     reverse. A budget given in one form (a fraction, bytes, a peak) replaces the flags' budget
     in every form, so ``"300MiB"`` against a set fraction flag is a conflict too."""
+    check_budget_given_once(explicit)  # one options dict naming a budget twice
     flags = default_options() if base is None else base
     given = dict(explicit)
     if given.keys() & set(BUDGET_OPTIONS):
@@ -136,13 +151,17 @@ def make_partition_fn(options: PipelineOptions,
 
         if recorder is not None:
             recorder.record_joint(joint_module, joint_inputs, kwargs)
+        chunkers = torch_chunkers.describe(joint_module.graph)
+        if chunkers is not None:
+            log.info("%s", chunkers)
         with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
                        options.memory_budget_best_effort, options.memory_peak_bytes,
                        options.memory_peak_fraction):
             forward, backward = min_cut_rematerialization_partition(
                 joint_module, joint_inputs, **kwargs)
         if recorder is not None:
-            recorder.record_forward(forward, backward, kwargs.get("num_fwd_outputs"))
+            recorder.record_forward(forward, backward, kwargs.get("num_fwd_outputs"),
+                                    kwargs.get("static_lifetime_input_indices"))
         log.debug("partitioned a joint graph (budget %s, %s bytes, solver %s)",
                   options.memory_budget, options.memory_budget_bytes, options.solver)
         return forward, backward

@@ -127,11 +127,24 @@ def _model_name(text: str) -> str:
         "'package.module:function' / 'path/to/file.py:function'")
 
 
-def _key_values(text: str) -> dict[str, Any]:
-    try:
-        return parse_key_values(text, "--hf-config")
-    except PipelineOptionError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+class _KeyValues(argparse.Action):
+    """``--hf-config`` / ``--model-config K=V,...``: parsed here, where the option the user
+    typed is known, so an error names that one; given twice is refused (the first would be
+    dropped)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        flag = option_string or self.option_strings[0]
+        earlier = getattr(namespace, "model_config_flag", None)
+        if earlier is not None:
+            parser.error(f"{earlier} given twice ({flag} too); give every key=value pair in one, "
+                         "separated by commas")
+        try:
+            config = parse_key_values(str(values), flag)
+        except PipelineOptionError as error:
+            parser.error(str(error))
+        setattr(namespace, self.dest, config)
+        namespace.model_config_flag = flag
 
 
 def model_spec(args: argparse.Namespace) -> Any:
@@ -139,18 +152,25 @@ def model_spec(args: argparse.Namespace) -> Any:
     inputs = tuple(args.inputs)
     source = next((s for s in ("hf", "torchvision", "timm", "exported")
                    if getattr(args, s, None) is not None), None)
-    if source is None and args.model in MODEL_NAMES and (args.model_config or inputs):
-        raise UsageError("--hf-config/--model-config and --input are for your own model "
-                         f"(--model package.module:factory, --hf, ...), not the built-in "
+    config_flag = getattr(args, "model_config_flag", None)
+    if source is None and args.model in MODEL_NAMES and (config_flag or inputs):
+        given = [flag for flag in (config_flag, "--input" if inputs else None) if flag]
+        raise UsageError(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for your own "
+                         "model (--model package.module:factory, --hf, ...), not the built-in "
                          f"{args.model!r}")
+    if source == "exported":  # its archive's declared sizes, before torch is imported
+        from .exported_archive import check_archive_sizes
+
+        check_archive_sizes(str(args.exported))
     from .user_models import ModelSpec
 
     if source is not None:
         return ModelSpec(source, str(getattr(args, source)), config=args.model_config,
-                         inputs=inputs)
+                         inputs=inputs, config_flag=config_flag)
     if args.model in MODEL_NAMES:
         return ModelSpec("builtin", args.model, layers=args.layers)
-    return ModelSpec("factory", args.model, config=args.model_config, inputs=inputs)
+    return ModelSpec("factory", args.model, config=args.model_config, inputs=inputs,
+                     config_flag=config_flag)
 
 
 def _output_file(suffix: str | None) -> Any:
@@ -293,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
             choice.add_argument("--exported", type=Path, metavar="FILE.pt2",
                                 help="a program saved by torch.export.save; its example inputs")
         source.add_argument("--hf-config", "--model-config", dest="model_config",
-                            type=_key_values, default={}, metavar="K=V,...",
+                            action=_KeyValues, default={}, metavar="K=V,...",
                             help="config overrides for --hf (n_layer=2,n_embd=128,n_head=4), "
                                  "or keyword arguments of the factory / torchvision / timm "
                                  "constructor")
@@ -370,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torch's pytree warns about its own deprecations when graphs are deep-copied: not ours.
     warnings.filterwarnings("ignore", category=FutureWarning)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_negative_inputs_joined(
+            sys.argv[1:] if argv is None else list(argv)))
         if args.command is None:
             print(no_command_hint(), file=sys.stderr)
             return USAGE_ERROR
@@ -405,6 +426,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
 
 
+# An --input value that starts with a minus ("-1x4"), which argparse would take for an option.
+_NEGATIVE_SHAPE = re.compile(r"^-[0-9]")
+
+
+def _negative_inputs_joined(argv: list[str]) -> list[str]:
+    """``--input -1x4`` as ``--input=-1x4``: argparse reads "-1x4" as an unknown option and
+    says only "expected one argument"; joined, the shape reaches its own check, which says
+    what is wrong with it (a negative dimension)."""
+    joined: list[str] = []
+    items = iter(argv)
+    for item in items:
+        if item == "--":  # the rest is positional: as typed
+            joined += [item, *items]
+            break
+        if item == "--input":
+            following = next(items, None)
+            if following is not None and _NEGATIVE_SHAPE.match(following):
+                joined.append(f"--input={following}")
+                continue
+            joined += [item] if following is None else [item, following]
+            continue
+        joined.append(item)
+    return joined
+
+
 def _check_torch_trace(folder: str | None) -> None:
     """TORCH_TRACE names the folder torch writes its structured trace to, at the end of the
     run: checked first, so a bad path fails before the work rather than after it."""
@@ -420,6 +466,15 @@ def _check_torch_trace(folder: str | None) -> None:
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"TORCH_TRACE={folder!r}: {str(existing)!r} is not writable; point "
                          "it at a folder you can write, or unset it")
+    # torch creates the folder at its first trace line, mid-compile, and a failure there is a
+    # raw traceback; created now (as torch would), a folder that cannot be (under /proc, on a
+    # read-only mount, which access() passes for root) fails first, in one line.
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"TORCH_TRACE={folder!r}: cannot create that folder "
+                         f"({error.strerror or error}); point it at a folder you can write, or "
+                         "unset it") from None
 
 
 def _one_line(message: str) -> str:

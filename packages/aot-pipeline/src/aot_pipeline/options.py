@@ -97,6 +97,10 @@ class PipelineOptions:
 
     def __post_init__(self) -> None:
         if isinstance(self.memory_budget, str):
+            # The string's form given again in its own field (not None): refused unless equal.
+            check_budget_given_once({"memory_budget": self.memory_budget, **{
+                name: getattr(self, name) for name in BUDGET_OPTIONS[1:]
+                if getattr(self, name) is not None}})
             budget = parse_budget_text(self.memory_budget)
             for name, value in (("memory_budget_bytes", budget.nbytes),
                                 ("memory_peak_bytes", budget.peak_bytes),
@@ -149,9 +153,83 @@ class PipelineOptions:
         for ``_``, as in ``torch.compile``); anything else is a ``PipelineOptionError``.
         """
         ours, inductor = split_options(options, inductor_keys)
+        check_budget_given_once(ours)
+        if ours.keys() & set(BUDGET_OPTIONS):  # a budget given replaces base's in every form
+            ours = {**dict.fromkeys(BUDGET_OPTIONS[1:]), **ours}
         if inductor:
             ours["inductor_options"] = {**base.inductor_config, **inductor}
         return replace(base, **ours) if ours else base
+
+
+# One budget, written in one of its forms: giving one sets the others to theirs.
+BUDGET_OPTIONS = ("memory_budget", "memory_budget_bytes", "memory_peak_bytes",
+                  "memory_peak_fraction")
+
+
+def check_budget_given_once(given: Mapping[str, Any]) -> None:
+    """A PipelineOptionError when ``given`` (options as a caller wrote them) sets one budget
+    twice: the saved-bytes cap both as ``memory_budget="64KiB"`` and ``memory_budget_bytes``,
+    the peak cap in two of ``memory_budget="... peak"``, ``memory_peak_bytes`` and
+    ``memory_peak_fraction``, or a fraction next to a cap (a cap replaces the fraction). Equal
+    values pass ("64KiB" and 65536). The message names both options, their values and says to
+    give one. A value that cannot be read is left to the option's own check."""
+    stated: list[tuple[str, str, object]] = []  # (option, what it sets, the amount)
+    for option in BUDGET_OPTIONS:
+        value = given.get(option)
+        if value is None:
+            continue
+        try:
+            amount = _budget_amount(option, value)
+        except PipelineOptionError:
+            continue
+        if amount is not None:
+            stated.append((option, *amount))
+    fractions = [entry for entry in stated if entry[1] == "fraction"]
+    caps = [entry for entry in stated if entry[1] != "fraction"]
+    if fractions and caps:
+        (option, _, _), (cap_option, _, _) = fractions[0], caps[0]
+        raise PipelineOptionError(
+            f"aot_pipeline options {option}={echo_value(given[option])} and "
+            f"{cap_option}={echo_value(given[cap_option])} both set the memory budget, and a "
+            f"cap replaces the fraction (it would be ignored); give one: "
+            f"{option}={echo_value(given[option])} or "
+            f"{cap_option}={echo_value(given[cap_option])}")
+    for i, (option, what, size) in enumerate(caps):
+        for other, other_what, other_size in caps[i + 1:]:
+            if what == other_what and size != other_size:
+                first, second = echo_value(given[option]), echo_value(given[other])
+                raise PipelineOptionError(
+                    f"aot_pipeline options {option}={first} and {other}={second} both set "
+                    f"the {what} ({_amount_words(size)} and {_amount_words(other_size)}); "
+                    f"give it once: {option}={first} or {other}={second}")
+
+
+def _budget_amount(option: str, value: object) -> tuple[str, object] | None:
+    """What a budget option sets ("fraction", "saved-bytes cap", "peak cap") and its amount
+    (a fraction; bytes; for a peak, ("bytes", n) or ("fraction", f)); None for a fraction of
+    1.0 (no limit: what a cap leaves the fraction at). PipelineOptionError if unreadable."""
+    if option == "memory_budget_bytes":
+        return "saved-bytes cap", validate_budget_bytes(value)
+    if option == "memory_peak_bytes":
+        return "peak cap", ("bytes", validate_budget_bytes(value, option))
+    if option == "memory_peak_fraction":
+        return "peak cap", ("fraction", validate_peak_fraction(value))
+    if isinstance(value, str):
+        budget = parse_budget_text(value)
+        if budget.nbytes is not None:
+            return "saved-bytes cap", budget.nbytes
+        if budget.peak_bytes is not None:
+            return "peak cap", ("bytes", budget.peak_bytes)
+        return "peak cap", ("fraction", budget.peak_fraction)
+    fraction = validate_memory_budget(value)
+    return None if fraction == 1.0 else ("fraction", fraction)
+
+
+def _amount_words(amount: object) -> str:
+    if isinstance(amount, tuple):
+        kind, number = amount
+        return f"{number} bytes" if kind == "bytes" else f"{number:g} of the uncapped peak"
+    return f"{amount} bytes"
 
 
 def split_options(options: Mapping[str, Any] | None,
@@ -396,8 +474,12 @@ def parse_key_values(text: str, flag: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key.isidentifier():
+            example = ("n_layer=2,n_embd=128,n_head=4" if flag == "--hf-config"
+                       else "num_classes=10,depth=2")
             raise PipelineOptionError(f"{flag} {text!r}: give key=value pairs separated by commas, "
-                                 "e.g. n_layer=2,n_embd=128,n_head=4")
+                                      f"e.g. {example}")
+        if key in result:  # the first would be dropped
+            raise PipelineOptionError(f"{flag}: {key} is given twice; give each key once")
         word = value.strip()
         if len(word) > MAX_CONFIG_VALUE_CHARS:
             shown = word[:20] + "..."

@@ -17,6 +17,10 @@ class RecordedPartition:
     backward: fx.GraphModule | None
     saved_bytes: int
     num_fwd_outputs: int | None = None
+    # The graphs as the partitioner returned them (Inductor rewrites the ones it compiles),
+    # priced for the step's predicted peak (step_peak.py), and the forward's parameter inputs.
+    as_partitioned: tuple[fx.GraphModule, fx.GraphModule] | None = None
+    static_input_indices: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -59,11 +63,23 @@ class PartitionRecorder:
             self.joints.append(RecordedJoint(kept, list(inputs), dict(kwargs)))
 
     def record_forward(self, forward: fx.GraphModule, backward: fx.GraphModule | None = None,
-                       num_fwd_outputs: int | None = None) -> None:
+                       num_fwd_outputs: int | None = None,
+                       static_input_indices: Any = None, *,
+                       as_partitioned: tuple[fx.GraphModule, fx.GraphModule] | None = None
+                       ) -> None:
+        """Record one partition. ``as_partitioned``: copies already made (a probe compile's,
+        adopted); else the graphs are copied now, before Inductor rewrites them."""
         from aot_partition import saved_activation_bytes
 
         saved = saved_activation_bytes(forward, num_fwd_outputs)
-        self.partitions.append(RecordedPartition(forward, backward, saved, num_fwd_outputs))
+        if as_partitioned is None and backward is not None:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():  # graphs may hold real tensor constants
+                as_partitioned = (copy.deepcopy(forward), copy.deepcopy(backward))
+        static = tuple(static_input_indices) if static_input_indices is not None else None
+        self.partitions.append(RecordedPartition(forward, backward, saved, num_fwd_outputs,
+                                                 as_partitioned, static))
 
     @property
     def saved_bytes(self) -> int | None:

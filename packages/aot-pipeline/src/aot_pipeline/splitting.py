@@ -13,22 +13,26 @@
   device's peak). Gradients are made in the forward (no matmul more than unsplit); only if no
   count fits that way, the most chunks with the logits recomputed in the backward (one matmul
   more, nothing but the log-sum-exp kept). The last error is raised if nothing fits. When the
-  cap is reachable whole but only by recomputing, the split (the most chunks of at least 1,024
-  tokens) is compiled too and the one whose cut recomputes less beyond its uncapped cut (the
-  roofline's estimate; the loss itself is not compared, as the roofline prices an unsplit loss
-  unfused) is kept: the cheapest way to fit. Reachable whole with no more recompute than
+  cap is reachable whole but only by recomputing, splits are compiled too (from the most
+  chunks of at least 1,024 tokens, doubling while the split still recomputes beyond its
+  uncapped cut, down to 128 tokens a chunk) and the plan whose cut recomputes least beyond its
+  uncapped cut (the roofline's estimate; the loss itself is not compared, as the roofline
+  prices an unsplit loss unfused) is kept: the cheapest way to fit. Reachable whole with no more recompute than
   uncapped: never split. Only when no split of the loss fits are the MLPs split too
   (``find_split_sites(kinds=("mlp",))``: the Mini-Sequence Transformer's split, each MLP
   recomputing its input projections in the backward); a graph without a loss but with MLPs
   gets that step alone.
 
-Each decision is recorded (``PartitionRecorder.splits``) and logged.
+Each decision is recorded (``PartitionRecorder.splits``) and logged. A chunk count asked for
+that finds nothing to split in a graph is said once, as a ``SplitMatchedNothingWarning``
+naming why (no projection followed by a cross-entropy, or the reason the loss was left whole).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -47,6 +51,28 @@ MAX_CHUNKS = 64
 # Chunks of at least this many tokens keep a matmul near the device's peak FLOP/s: the count
 # tried when the split only competes with recompute (the cap is reachable whole).
 PREFERRED_CHUNK_TOKENS = 1024
+
+
+class SplitMatchedNothingWarning(UserWarning):
+    """``split=N`` was asked for, but a compiled graph has no loss it can split: the graph
+    compiles whole. The message says why."""
+
+
+def warn_split_matched_nothing(chunks: int, left: Sequence[Any]) -> None:
+    """One warning for an explicit ``split`` that finds nothing in a graph, with the reason:
+    the losses left whole and why, or that no LM head and loss are in the graph at all (the
+    usual cause: the model returns logits and the loss is computed outside what is compiled).
+    The text repeats across graphs, so Python's default filter shows it once."""
+    losses = [alone for alone in left if alone.kind == "loss"]
+    if losses:
+        why = "; ".join(f"{alone.loss}: {alone.reason}" for alone in losses)
+        reason = f"its cross-entropy is left whole ({why})"
+    else:
+        reason = ("no linear projection followed by a cross-entropy loss is in it (compile "
+                  "the loss with the model: the LM head and its loss must be in one graph)")
+    warnings.warn(f"split={chunks} was asked for, but a compiled graph has nothing to split: "
+                  f"{reason}; that graph compiles whole", SplitMatchedNothingWarning,
+                  stacklevel=2)
 
 
 def has_peak_cap(options: PipelineOptions) -> bool:
@@ -98,6 +124,17 @@ def preferred_chunks(sites: Sequence[Any]) -> int:
     return k
 
 
+def split_counts_against_recompute(sites: Sequence[Any]) -> list[int]:
+    """The chunk counts tried against a whole graph that fits only by recomputing:
+    ``preferred_chunks`` first, doubling up to the most ``chunk_counts`` allows (at least
+    ``MIN_CHUNK_TOKENS`` a chunk)."""
+    most = chunk_counts(sites, 0)[-1]
+    counts = [preferred_chunks(sites)]
+    while counts[-1] * 2 <= most:
+        counts.append(counts[-1] * 2)
+    return counts
+
+
 def extra_recompute(record: PartitionRecorder) -> float | None:
     """Seconds (the roofline's estimate) the cuts ``record`` holds recompute beyond what the
     same joints' uncapped cuts (budget 1.0, no cap) recompute: what the cap costs. None when
@@ -137,7 +174,8 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         if it had recorded them (through ``record_forward``, which callers may wrap)."""
         if recorder is not None:
             for p in record.partitions:
-                recorder.record_forward(p.forward, p.backward, p.num_fwd_outputs)
+                recorder.record_forward(p.forward, p.backward, p.num_fwd_outputs,
+                                        p.static_input_indices, as_partitioned=p.as_partitioned)
             recorder.splits.extend(decisions)
 
     def note_left_alone(left: Sequence[Any]) -> None:
@@ -152,6 +190,8 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
         sites, left = find_split_sites(gm)
         note_left_alone(left)
         split = options.split
+        if split is not False and isinstance(split, int) and not sites:
+            warn_split_matched_nothing(split, left)
         if split is False or (isinstance(split, int) and not sites):
             return plain(gm, example_inputs)
         if isinstance(split, int):
@@ -179,34 +219,42 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
     def _cheaper_of(whole: fx.GraphModule, example_inputs: Sequence[Any], sites: Sequence[Any],
                     compiled: CompiledGraph, whole_record: PartitionRecorder) -> CompiledGraph:
         """The whole graph fits the cap. If it fits only by recomputing more than it does
-        uncapped, the split is compiled too and the one the cap costs less recompute (roofline)
-        is kept: splitting may let the cut keep what the whole graph had to recompute."""
+        uncapped, splits are compiled too, from ``preferred_chunks`` doubling up to
+        ``chunk_counts``' most, until one fits with no recompute beyond its uncapped cut; the
+        plan the cap costs the least recompute (roofline) is kept, the whole graph on a tie:
+        splitting may let the cut keep what the whole graph had to recompute, and more chunks
+        free more (issue 50: at a cap 2 chunks still recompute, 16 do not)."""
         whole_extra = extra_recompute(whole_record)
         if whole_extra is None or whole_extra <= 0:
             adopt(whole_record)
             return compiled
-        chunks = preferred_chunks(sites)
-        split_record = PartitionRecorder(keep_joints=True)
-        try:
-            split_compiled, decisions = _compile_split(
-                copy.deepcopy(whole), example_inputs, chunks,
-                compiler_for(probe_options, split_record), "forward_grads", ("loss",))
-        except Exception as error:
-            if _unreachable(error) is None:
-                raise
-            log.info("whole graph kept: it fits the peak cap recomputing %.3g ms more than "
-                     "uncapped (est.); split in %d it does not fit", whole_extra * 1e3, chunks)
-            adopt(whole_record)
-            return compiled
-        split_extra = extra_recompute(split_record)
-        split_extra = float("inf") if split_extra is None else split_extra
-        chosen = split_extra < whole_extra
+        best: tuple[float, int, CompiledGraph, PartitionRecorder, list[Any]] | None = None
+        tried: list[str] = []
+        for chunks in split_counts_against_recompute(sites):
+            split_record = PartitionRecorder(keep_joints=True)
+            try:
+                split_compiled, decisions = _compile_split(
+                    copy.deepcopy(whole), example_inputs, chunks,
+                    compiler_for(probe_options, split_record), "forward_grads", ("loss",))
+            except Exception as error:
+                if _unreachable(error) is None:
+                    raise
+                tried.append(f"split in {chunks}: does not fit")
+                continue
+            split_extra = extra_recompute(split_record)
+            split_extra = float("inf") if split_extra is None else split_extra
+            tried.append(f"split in {chunks}: {split_extra * 1e3:.3g} ms")
+            if best is None or split_extra < best[0]:
+                best = (split_extra, chunks, split_compiled, split_record, decisions)
+            if split_extra <= 0:
+                break
+        chosen = best is not None and best[0] < whole_extra
         log.info("under the peak cap the whole graph recomputes %.3g ms more than uncapped "
-                 "(est.), split in %d: %.3g ms: %s", whole_extra * 1e3, chunks,
-                 split_extra * 1e3, "split" if chosen else "whole kept")
-        if chosen:
-            adopt(split_record, decisions)
-            return split_compiled
+                 "(est.); %s: %s", whole_extra * 1e3, "; ".join(tried),
+                 f"split in {best[1]}" if chosen and best is not None else "whole kept")
+        if chosen and best is not None:
+            adopt(best[3], best[4])
+            return best[2]
         adopt(whole_record)
         return compiled
 

@@ -186,6 +186,8 @@ def train_variant(variant: str, settings: TrainSettings, progress: bool = True) 
     if settings.steps < 1:
         raise PipelineOptionError(f"steps must be >= 1, got {settings.steps}")
     torch._dynamo.reset()  # each variant compiles from scratch, with its own back end
+    if variant == "inductor" or (variant == "aot_pipeline" and settings.compiler == "inductor"):
+        _import_cpp_extension_without_cuda_home_notice()
     built = settings.build(device)
     runner = _Runner(variant, built, settings)
     optimizer = torch.optim.SGD(built.module.parameters(), lr=LEARNING_RATE)
@@ -215,6 +217,27 @@ def train_variant(variant: str, settings: TrainSettings, progress: bool = True) 
         step_s=statistics.median(times[1:]) if len(times) > 1 else times[0],
         saved_bytes=runner.saved_bytes(first_inputs), peak_memory_bytes=peak,
     )
+
+
+class _DropNoCudaRuntimeNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+def _import_cpp_extension_without_cuda_home_notice() -> None:
+    """Import ``torch.utils.cpp_extension`` as Inductor's C++ build does (it would at the first
+    compile), without the one warning it logs at import on a machine with a CUDA toolkit but no
+    CUDA device ("No CUDA runtime is found, using CUDA_HOME=..."): once per variant process, it
+    said nothing about the run. Only that record is dropped, only during the import."""
+    if "torch.utils.cpp_extension" in sys.modules:
+        return
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    notice = _DropNoCudaRuntimeNotice()
+    logger.addFilter(notice)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        logger.removeFilter(notice)
 
 
 def losses_agree(losses: Sequence[float], reference: Sequence[float]) -> bool:
@@ -252,6 +275,11 @@ def _train_isolated(variant: str, settings: TrainSettings, progress: bool) -> Tr
         context = multiprocessing.get_context("spawn")
         with context.Pool(1, initializer=_set_environment, initargs=(environment,)) as pool:
             outcome = pool.apply(_train_in_child, (variant, settings, progress))
+            # The worker exits on its own, not by the terminate() leaving the block does: a
+            # killed worker never releases what it registered with the shared resource tracker
+            # (Inductor's compile pool), which then warns of "leaked semaphore objects".
+            pool.close()
+            pool.join()
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .exported_archive import ExportedArchiveError, check_archive_sizes
 from .models import BuiltModel, build_model
 from .options import PipelineOptionError
 
@@ -45,7 +46,9 @@ _DTYPES = {name: getattr(torch, name) for name in (
     "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
     "bool")} | {"float": torch.float32, "long": torch.int64, "int": torch.int32,
                 "half": torch.float16, "double": torch.float64}
-_MAX_INPUT_ELEMENTS = 1 << 28
+# An example input's bytes at most: the commands trace and train on it (CPU by default); a
+# larger one is a typo far more often than a plan, and is refused before it is allocated.
+MAX_INPUT_BYTES = 256 << 20
 
 
 class UserModelError(PipelineOptionError):
@@ -62,7 +65,9 @@ class ModelSpec:
     ``torchvision`` / ``timm`` (``name`` an architecture, ``config`` constructor arguments) or
     ``exported`` (``name`` the path of a ``torch.export.save``d program). ``inputs``: input
     specs such as ``2x128:int64`` for a factory that returns only a module, or to replace an
-    architecture's default inputs.
+    architecture's default inputs. ``config_flag``: the option the config was given with
+    (``--hf-config`` or ``--model-config``), named in errors; by default the one the source
+    documents.
     """
 
     source: str = "builtin"
@@ -70,6 +75,12 @@ class ModelSpec:
     layers: int | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     inputs: tuple[str, ...] = ()
+    config_flag: str | None = None
+
+    @property
+    def config_option(self) -> str:
+        """The config's option as the user wrote it, for error messages."""
+        return self.config_flag or ("--hf-config" if self.source == "hf" else "--model-config")
 
     @property
     def label(self) -> str:
@@ -94,8 +105,7 @@ class ModelSpec:
         module, inputs = builder(self)
         if self.inputs:
             example, inputs = inputs, parse_input_specs(self.inputs, seed=seed)
-            if self.source == "exported":
-                _check_exported_inputs(self, module, example, inputs)
+            _check_inputs_fit(self, module, example, inputs)
         if not inputs:
             raise UserModelError(f"{self.label} gave no example inputs; pass their shapes with "
                                  "--input, e.g. --input 2x128:int64")
@@ -147,13 +157,16 @@ def load_factory(target: str) -> Callable[[], Any]:
 
 def _from_factory(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     factory = load_factory(spec.name)
+    _check_factory_config(spec, factory)
     try:
         made = factory(**dict(spec.config))
     except SystemExit as error:
         raise UserModelError(f"--model {spec.name!r}: the factory called "
                              f"sys.exit({error.code!r})") from None
     except Exception as error:
-        raise UserModelError(f"--model {spec.name!r}: the factory raised "
+        # The config given is the likely culprit: named with the factory.
+        given = f" with {spec.config_option} {_config_text(spec.config)}" if spec.config else ""
+        raise UserModelError(f"--model {spec.name!r}{given}: the factory raised "
                              f"{type(error).__name__}: {_short(error)}") from error
     expected = ("it must return an nn.Module, or (module, inputs) with inputs a tensor or a "
                 "tuple of tensors")
@@ -170,6 +183,43 @@ def _from_factory(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]]
                              f"{_describe(inputs)}; {expected}")
     raise UserModelError(f"--model {spec.name!r}: the factory returned {_describe(made)}; "
                          f"{expected}")
+
+
+def _check_factory_config(spec: ModelSpec, factory: Callable[..., Any]) -> None:
+    """Each config key is a parameter of the factory (unless it takes ``**kwargs``), and a
+    negative int is refused where the parameter's default is a non-negative int (a count or a
+    size): named by key, before the factory runs into it."""
+    import difflib
+    import inspect
+
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+        return
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    named = [name for name, p in parameters.items()
+             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key, value in dict(spec.config).items():
+        parameter = parameters.get(key)
+        if parameter is None or parameter.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                       inspect.Parameter.KEYWORD_ONLY):
+            if takes_any:
+                continue
+            close = difflib.get_close_matches(key, named, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise UserModelError(
+                f"{spec.config_option} {key}={value!r}: the factory {spec.name!r} has no "
+                f"parameter {key!r}{hint}; it takes {', '.join(named) or 'none'}")
+        default = parameter.default
+        if (isinstance(value, int) and not isinstance(value, bool) and value < 0
+                and isinstance(default, int) and not isinstance(default, bool) and default >= 0):
+            raise UserModelError(f"{spec.config_option} {key}={value}: must be >= 0 (a count or "
+                                 f"size; the factory's default is {default})")
+
+
+def _config_text(config: Mapping[str, Any]) -> str:
+    return ",".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+                    for key, value in config.items())
 
 
 # ---- architectures by name ----------------------------------------------------------------
@@ -211,8 +261,8 @@ def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, 
     try:
         config = transformers.AutoConfig.for_model(spec.name, **dict(spec.config))
     except Exception as error:  # a value the config refuses (a str for an int, ...)
-        raise UserModelError(f"--hf {spec.name!r}: bad --hf-config: {type(error).__name__}: "
-                             f"{_short(error)}") from error
+        raise UserModelError(f"--hf {spec.name!r}: bad {spec.config_option}: "
+                             f"{type(error).__name__}: {_short(error)}") from error
     # The first auto class that maps this config (a causal LM's head, else a classifier's, else
     # the bare model); a config it maps but cannot build is the user's error, said as such.
     autos = [getattr(transformers, name) for name in
@@ -223,6 +273,9 @@ def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, 
     try:
         model = auto.from_config(config)
     except Exception as error:
+        heads = _heads_mismatch(spec, config)
+        if heads is not None:  # said in the keys the user gave, not transformers' internals
+            raise UserModelError(heads) from error
         raise UserModelError(f"--hf {spec.name!r}: building the model failed: "
                              f"{type(error).__name__}: {_short(error)}") from error
     model.train()
@@ -236,6 +289,37 @@ def _from_transformers(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, 
     return _TensorOutput(model), inputs
 
 
+def _heads_mismatch(spec: ModelSpec, config: Any) -> str | None:
+    """The message for a width the attention heads do not divide (transformers says it in its
+    own names, "`embed_dim` must be divisible by num_heads"), in the keys the user gave
+    (``n_embd``, ``n_head`` for GPT-2: the config's ``attribute_map`` aliases); None when that
+    is not the problem or the user gave neither key."""
+    hidden = getattr(config, "hidden_size", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not (isinstance(hidden, int) and isinstance(heads, int) and heads > 0
+            and hidden % heads):
+        return None
+    aliases = getattr(config, "attribute_map", {}) or {}
+
+    def key_of(canonical: str) -> tuple[str, bool]:
+        """The key the user gave for ``canonical``, else the config's own name for it."""
+        real = aliases.get(canonical, canonical)
+        given = next((key for key in spec.config if key in (canonical, real)), None)
+        return (given, True) if given is not None else (real, False)
+
+    (hidden_key, hidden_given), (heads_key, heads_given) = key_of("hidden_size"), key_of(
+        "num_attention_heads")
+    if not (hidden_given or heads_given):
+        return None
+    given = ",".join(f"{key}={spec.config[key]}" for key in (hidden_key, heads_key)
+                     if key in spec.config)
+    default = "" if heads_given else ", its default"
+    fit = -(-hidden // heads) * heads
+    return (f"{spec.config_option} {given}: {hidden_key} ({hidden}) must be divisible by "
+            f"{heads_key} ({heads}{default}): each attention head takes an equal share of the "
+            f"width; e.g. {hidden_key}={fit}")
+
+
 def _check_hf_config(spec: ModelSpec, defaults: Any) -> None:
     """Each --hf-config key is one of the config's fields (transformers keeps unknown keys as
     extra attributes: a typo would be ignored), and a count or size is not negative."""
@@ -246,13 +330,13 @@ def _check_hf_config(spec: ModelSpec, defaults: Any) -> None:
         if key not in known and not hasattr(defaults, key):
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UserModelError(f"--hf-config {key}={value!r}: {type(defaults).__name__} has "
-                                 f"no field {key!r}{hint}")
+            raise UserModelError(f"{spec.config_option} {key}={value!r}: "
+                                 f"{type(defaults).__name__} has no field {key!r}{hint}")
         default = getattr(defaults, key, None)
         if (isinstance(value, int) and not isinstance(value, bool) and value < 0
                 and isinstance(default, int) and not isinstance(default, bool) and default >= 0):
-            raise UserModelError(f"--hf-config {key}={value}: must be >= 0 (a count or size; "
-                                 f"the default is {default})")
+            raise UserModelError(f"{spec.config_option} {key}={value}: must be >= 0 (a count "
+                                 f"or size; the default is {default})")
 
 
 def _constructed(flag: str, spec: ModelSpec, build: Callable[[], Any]) -> Any:
@@ -307,7 +391,10 @@ def _from_exported(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]
     if not zipfile.is_zipfile(path):  # before torch, which logs a traceback for it
         raise UserModelError(f"--exported {spec.name!r} is not a saved torch.export program "
                              "(torch.export.save writes a .pt2 zip archive)")
-    _check_archive_sizes(spec.name, path)
+    try:
+        check_archive_sizes(spec.name)
+    except ExportedArchiveError as error:
+        raise UserModelError(str(error)) from None
     try:
         with _quiet_torch_export_logs():  # torch logs a traceback before raising; ours is one line
             program = torch.export.load(str(path))
@@ -326,40 +413,36 @@ def _from_exported(spec: ModelSpec) -> tuple[nn.Module, tuple[torch.Tensor, ...]
     return module, tuple(t for t in args if isinstance(t, torch.Tensor))
 
 
-def _check_exported_inputs(spec: ModelSpec, module: nn.Module,
-                           example: tuple[torch.Tensor, ...],
-                           given: tuple[torch.Tensor, ...]) -> None:
-    """--input must fit the exported program's guards (its shapes, dtypes, dynamic ranges):
-    one forward under no_grad tells, and a misfit names --input and the example inputs."""
+def _check_inputs_fit(spec: ModelSpec, module: nn.Module, example: tuple[torch.Tensor, ...],
+                      given: tuple[torch.Tensor, ...]) -> None:
+    """--input must fit the model (its shapes and dtypes; an exported program's guards): one
+    eager forward under no_grad tells, before Dynamo would explain a misfit in fake-tensor
+    terms. A misfit names --input, the model and its example inputs. The forward leaves no
+    trace: buffers (batch-norm statistics) and the random state are put back."""
+    buffers = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             module(*given)
     except Exception as error:
-        shapes = ", ".join("x".join(map(str, t.shape)) + f":{str(t.dtype).removeprefix('torch.')}"
-                           for t in example)
-        raise UserModelError(f"--input does not fit --exported {spec.name!r} (its example "
-                             f"inputs: {shapes or 'none'}): {type(error).__name__}: "
-                             f"{_short(error)}") from error
+        shapes = ", ".join(_shape_text(t) for t in example)
+        what = f"its example inputs: {shapes}" if shapes else "it gave no example inputs"
+        typed = " ".join(f"--input {text!r}" for text in spec.inputs)
+        raise UserModelError(f"{typed} does not fit {_source_words(spec)} ({what}): "
+                             f"{type(error).__name__}: {_short(error)}") from error
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
 
 
-# What an archive member may hold, uncompressed, before it is read: torch reads members whole,
-# so a small file expanding to gigabytes would take that much memory first.
-MAX_EXPORTED_MEMBER_BYTES = 8 << 30
-MAX_EXPORTED_RATIO = 1000  # uncompressed / compressed, beyond which a member is a zip bomb
+def _shape_text(tensor: torch.Tensor) -> str:
+    return "x".join(map(str, tensor.shape)) + f":{str(tensor.dtype).removeprefix('torch.')}"
 
 
-def _check_archive_sizes(name: str, path: Path) -> None:
-    import zipfile
-
-    with zipfile.ZipFile(path) as archive:
-        for member in archive.infolist():
-            ratio = member.file_size / max(member.compress_size, 1)
-            if member.file_size > MAX_EXPORTED_MEMBER_BYTES or (
-                    member.file_size > (64 << 20) and ratio > MAX_EXPORTED_RATIO):
-                raise UserModelError(
-                    f"--exported {name!r}: archive member {member.filename!r} expands to "
-                    f"{member.file_size} bytes from {member.compress_size}; refused before "
-                    "reading it (torch.export.save does not write such members)")
+def _source_words(spec: ModelSpec) -> str:
+    """The model as the user named it on the command line."""
+    flag = {"factory": "--model", "exported": "--exported"}.get(spec.source, f"--{spec.source}")
+    return f"{flag} {spec.name!r}"
 
 
 @contextlib.contextmanager
@@ -379,7 +462,8 @@ def _quiet_torch_export_logs() -> Iterator[None]:
 
 # ---- text arguments -----------------------------------------------------------------------
 
-_SHAPE = re.compile(r"^(\d+(?:x\d+)*)(?::([a-z0-9]+))?(?::(\d+))?$")
+# Dimensions may carry a minus sign here only to be refused by name ("-1x4").
+_SHAPE = re.compile(r"^(-?\d+(?:x-?\d+)*)(?::([a-z0-9]+))?(?::(\d+))?$")
 
 
 def parse_input_specs(specs: Sequence[str], seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -398,14 +482,22 @@ def parse_input_specs(specs: Sequence[str], seed: int = 0) -> tuple[torch.Tensor
             raise UserModelError(f"--input {_short_text(text)}: a number of {len(too_long[0])} "
                                  f"digits (at most {_MAX_DIGITS})")
         shape = [int(d) for d in dims]
+        bad = next((d for d in shape if d < 1), None)
+        if bad is not None:
+            what = "is negative" if bad < 0 else "makes an empty tensor"
+            raise UserModelError(f"--input {_short_text(text)}: dimension {bad} {what}; every "
+                                 "dimension must be at least 1, e.g. 2x128")
         dtype_name = match.group(2) or "float32"
         dtype = _DTYPES.get(dtype_name)
         if dtype is None:
             raise UserModelError(f"--input {text!r}: unknown dtype {dtype_name!r}; choose one of "
                                  f"{', '.join(sorted(_DTYPES))}")
-        if math.prod(shape) > _MAX_INPUT_ELEMENTS:
-            raise UserModelError(f"--input {text!r}: {math.prod(shape)} elements is more than "
-                                 f"{_MAX_INPUT_ELEMENTS}")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > MAX_INPUT_BYTES:  # before allocating it
+            raise UserModelError(
+                f"--input {_short_text(text)}: {math.prod(shape)} {dtype_name} elements take "
+                f"{nbytes} bytes, over the {MAX_INPUT_BYTES} ({MAX_INPUT_BYTES >> 20} MiB) an "
+                "example input may; give a smaller shape")
         if dtype.is_floating_point:
             if high is not None:
                 raise UserModelError(f"--input {text!r}: an upper bound is for integer dtypes")

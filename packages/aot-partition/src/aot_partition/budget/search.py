@@ -330,7 +330,10 @@ class BudgetSearch:
         self.must_save, self.candidates = recompute_candidates(self.node_info, banned,
                                                                self.options)
         span = self.max_bytes - self.min_bytes
-        self.memories = [recompute_savings(n) / span for n in self.candidates]
+        # Without a range no fraction runs the knapsack (saved_values answers first), but the
+        # items still price the caps' candidates (their runtimes): no share to divide then.
+        self.memories = ([recompute_savings(n) / span for n in self.candidates] if span > 0
+                         else [0.0] * len(self.candidates))
         self.runtimes = None
 
     def knapsack(self, memory_budget: float, solver: str | None = None) -> KnapsackResult:
@@ -348,9 +351,20 @@ class BudgetSearch:
             self.runtimes = [estimate_runtime(n, self.estimator) for n in self.candidates]
         return self.runtimes
 
+    @property
+    def zero_can_differ(self) -> bool:
+        """Whether budget 0 may take another cut than the runtime-optimal one: there is a
+        range to trade, a region's inputs are alive anyway, or the optimal cut saves
+        intermediates that weigh exactly what the inputs do (a joint whose tangents are
+        constants saves its gradients): torch's budget 0 saves the inputs then, and a tie
+        goes to the inputs here too (``_recompute_everything``)."""
+        return (self.inputs_alive or self.has_range
+                or (self.max_bytes == self.min_bytes
+                    and not saves_inputs_only(self.runtime_optimal, self.node_info.inputs)))
+
     def least_memory_values(self) -> list[fx.Node]:
         """``saved_values(0)``'s saved set without its runtime (no estimate is made)."""
-        if self.inputs_alive or self.has_range:
+        if self.zero_can_differ:
             self._aggressive_items()  # the options and the candidates it releases
             return self._recompute_everything()
         return list(self.runtime_optimal)  # the optimal cut is no bigger than the inputs
@@ -363,7 +377,7 @@ class BudgetSearch:
         ``dp_answer``: for the "ilp_graph" solver, the "dp" solver's answer at this budget
         under the same estimator, when the caller already has it (it is not solved again)."""
         memory_budget = validate_memory_budget(memory_budget)
-        if memory_budget == 0 and (self.inputs_alive or self.has_range):
+        if memory_budget == 0 and self.zero_can_differ:
             saved = self.least_memory_values()
             return saved, float(sum(self.item_runtimes()))
         if not self.has_range:  # the optimal cut is already no bigger than the inputs

@@ -11,16 +11,22 @@ The search, runtime-aware:
    its runtime: the knapsack keeps the costly recomputes saved and releases the cheap ones.
 3. The candidate cuts, fixed for a graph and its options: the runtime-optimal cut, the cut
    whose released items are the knapsack's answer at each fraction i/32, and the cut with
-   every item released ("recompute everything"). Each is measured once: its saved bytes
-   (parameters free under ``parameters_are_free``: they live anyway), its recompute runtime
-   (the summed ``runtime`` of what the backward recomputes) and, under a peak cap, its
-   simulated peak (timeline.py).
+   every item released ("recompute everything"); that cut again with the save costs the byte
+   measure counts (inputs, parameters and seeds free, no bias), when it saves fewer bytes
+   ("recompute everything, fewest bytes": the min cut's save costs weigh an input far from the
+   backward above an intermediate near it); and, priced the same way, the cut that keeps the
+   ``compute`` nodes banned (runtime or not) and releases every other item ("compute saved, the
+   rest recomputed": jax's ``dots_saveable``, whose cut is one of this network's, so under its
+   bytes the answer recomputes no more, wherever the core may make that cut at all). Each is
+   measured once: its saved bytes (inputs, parameters and seeds free: they live anyway), its
+   recompute runtime (the summed ``runtime`` of what the backward recomputes) and, under a peak
+   cap, its simulated peak (timeline.py).
 4. A budget chooses among the cuts that fit it: the runtime-optimal cut when it fits, else
    the least recompute runtime, then the fewer bytes, then the earlier candidate. A fraction
-   ``f`` allows ``least + f * (optimal - least)`` saved bytes, ``least`` being the
-   recompute-everything cut's and ``optimal`` the runtime-optimal cut's; at 1.0 the answer is
-   the runtime-optimal cut. A cap nothing meets raises UnreachableMemoryBudgetError naming the
-   least reachable candidate.
+   ``f`` allows ``least + f * (optimal - least)`` saved bytes, ``least`` being the fewer of
+   the two recompute-everything cuts' and ``optimal`` the runtime-optimal cut's; at 1.0 the
+   answer is the runtime-optimal cut. A cap nothing meets raises UnreachableMemoryBudgetError
+   naming the least reachable candidate.
    ``fraction_of`` names what a fraction is a fraction of (``FRACTION_OF``): "span" (the
    default, as above) or "runtime_optimal", torch's meaning (``activation_memory_budget``, the
    fx path's): ``f * optimal`` saved bytes, 0.0 being the inputs-only cut (0 bytes in the one
@@ -98,6 +104,11 @@ REFINE_STEPS = 1024
 REPAIR_TRIES = 8
 _PROBE_RANK = 1 << 30  # after every fixed candidate; ties among probes: by released items
 RUNTIME_BAN = "recomputing it costs runtime {runtime:g}"
+# The label of the recompute-everything cut priced by the byte measure (the fewest bytes).
+FEWEST_BYTES = "recompute everything, fewest bytes"
+# The label of the cut that keeps the compute nodes saved (jax's dots_saveable).
+COMPUTE_SAVED = "compute saved, the rest recomputed"
+COMPUTE_BAN = "a compute node: saved as jax's dots_saveable saves it"
 # UnreachableMemoryBudgetError's wording, per budget kind (budget/caps.py's words).
 _UNREACHABLE_WORDS = {"saved_bytes": ("activation memory budget", "save"),
                       "peak_bytes": ("simulated memory peak cap", "peak at")}
@@ -232,24 +243,37 @@ class _Search:
                       and dist[index[name]] < int(1e9) and math.isfinite(costs[index[name]])]
         self._position = {name: k for k, name in enumerate(self.items)}
         self._all: list[_Candidate] | None = None
+        self._least = self.optimal  # the recompute-everything end, set by candidates()
         # Cuts by released set: the fixed candidates and every refinement's probes.
         self._cuts: dict[tuple[str, ...], _Candidate] = {(): self.optimal}
         self._grid: dict[int, _Candidate] = {}     # i -> the refined answer at fraction i/32
         self._tolerances: dict[str, float] = {}
 
     def _candidate(self, label: str, rank: int, released: tuple[str, ...],
-                   path: tuple[int, ...] = ()) -> _Candidate:
-        if self.options["rules"]:  # graph-wide rules re-read which nodes are banned
+                   path: tuple[int, ...] = (), priced_by_bytes: bool = False,
+                   also_banned: Mapping[int, str] | None = None) -> _Candidate:
+        if self.options["rules"] and not (priced_by_bytes or also_banned):
+            # graph-wide rules re-read which nodes are banned
             result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
                                **self.options)
-        else:  # the runtime-optimal cut's bans less the released nodes: no re-resolving
-            if self._base_bans is None:
-                self._base_bans = ban_reasons(self.graph, bans=self.bans, release=self.release)
-            gone = {self.graph.index[name] for name in released}
-            banned = {i: why for i, why in self._base_bans.items() if i not in gone}
+        else:
+            if self.options["rules"]:
+                banned = ban_reasons(self.graph, bans=self.bans,
+                                     release=[*self.release, *released],
+                                     rules=self.options["rules"],
+                                     max_dist_from_bw=self.options["max_dist_from_bw"])
+            else:  # the runtime-optimal cut's bans less the released nodes: no re-resolving
+                if self._base_bans is None:
+                    self._base_bans = ban_reasons(self.graph, bans=self.bans,
+                                                  release=self.release)
+                gone = {self.graph.index[name] for name in released}
+                banned = {i: why for i, why in self._base_bans.items() if i not in gone}
+            if also_banned:
+                banned = dict(sorted({**also_banned, **banned}.items()))
             result = partition_banned(self.graph, banned, solver=self.options["solver"],
                                       recompute_views=self.options["recompute_views"],
-                                      parameters_are_free=self.options["parameters_are_free"])
+                                      parameters_are_free=self.options["parameters_are_free"],
+                                      priced_by_bytes=priced_by_bytes)
         runtime = float(self.runtimes[recomputed_mask(result)].sum())
         return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
                           runtime, path)
@@ -259,12 +283,16 @@ class _Search:
         if self._all is not None:
             return self._all
         graph, index = self.graph, self.graph.index
-        if not self.items:  # nothing a budget may release: one cut
-            self._all = [self.optimal]
+        if not self.items:  # nothing a budget may release: one cut, and its fewest bytes
+            fewest = self._fewest_bytes(self.optimal, 1)
+            self._least = fewest[0] if fewest else self.optimal
+            self._all = [self.optimal, *fewest, *self._compute_saved(1 + len(fewest))]
             return self._all
         everything = self._candidate("recompute everything", 1, tuple(self.items))
-        span = self.optimal.saved_bytes - everything.saved_bytes
         found = {(): self.optimal, tuple(self.items): everything}
+        fewest = self._fewest_bytes(everything, 2)
+        self._least = fewest[0] if fewest else everything
+        span = self.optimal.saved_bytes - self._least.saved_bytes
         if span > 0 and self.items:
             memories = [graph.nodes[index[name]].nbytes / span for name in self.items]
             runtimes = [graph.nodes[index[name]].runtime for name in self.items]
@@ -273,20 +301,50 @@ class _Search:
                 recompute = solve(fraction)
                 released = tuple(self.items[k] for k in recompute)
                 if released not in found:
-                    found[released] = self._candidate(f"budget {fraction:g}", len(found),
-                                                      released)
-        ordered = sorted(found.values(), key=lambda c: c.rank)
+                    found[released] = self._candidate(f"budget {fraction:g}",
+                                                      len(found) + len(fewest), released)
+        compute_saved = self._compute_saved(len(found) + len(fewest))
+        ordered = sorted([*found.values(), *fewest, *compute_saved], key=lambda c: c.rank)
         self._all = ordered
         self._cuts.update(found)
         log.debug("core budget: %d candidate cuts over %d knapsack items", len(ordered),
                   len(self.items))
         return ordered
 
+    def _fewest_bytes(self, everything: _Candidate, rank: int) -> list[_Candidate]:
+        """The cut releasing what ``everything`` releases, priced by the byte measure, when
+        it saves fewer bytes: the min cut's save costs weigh an input far from the backward
+        above an intermediate near it (and an input is free to keep), so the
+        recompute-everything cut may save that intermediate though the inputs would do."""
+        cut = self._candidate(FEWEST_BYTES, rank, everything.released, priced_by_bytes=True)
+        return [cut] if cut.saved_bytes < everything.saved_bytes else []
+
+    def _compute_saved(self, rank: int) -> list[_Candidate]:
+        """jax's ``dots_saveable`` in core terms: the ``compute`` nodes stay banned, every
+        other item is released, priced by the byte measure (none when there is no compute node
+        to keep: that is the fewest-bytes everything cut). Any policy that saves the compute
+        nodes the backward reads and recomputes the rest is a cut of this network, so this cut
+        saves no more bytes than it does, and it recomputes only what such a policy recomputes
+        (its bans stop at the same compute nodes)."""
+        index, nodes = self.graph.index, self.graph.nodes
+        released = tuple(name for name in self.items if nodes[index[name]].category != "compute")
+        # A compute node without a runtime is no item: banned here too, or the cut could
+        # recompute it and, through it, what the policy does not.
+        costs = default_save_costs(self.graph, recompute_views=self.options["recompute_views"],
+                                   parameters_are_free=self.options["parameters_are_free"])
+        bannable, kept = self.graph.structure.bannable, set(self.release)
+        free_compute = {i: COMPUTE_BAN for i, node in enumerate(nodes)
+                        if node.category == "compute" and node.forward and node.runtime == 0
+                        and bannable[i] and math.isfinite(costs[i]) and node.id not in kept}
+        if len(released) == len(self.items) and not free_compute:
+            return []  # no compute node to keep: the fewest-bytes everything cut
+        return [self._candidate(COMPUTE_SAVED, rank, released, priced_by_bytes=True,
+                                also_banned=free_compute)]
+
     def least_and_most(self) -> tuple[int, int]:
-        """(recompute-everything saved bytes, runtime-optimal saved bytes)."""
-        candidates = self.candidates()
-        everything = candidates[1] if len(candidates) > 1 else candidates[0]
-        return everything.saved_bytes, self.optimal.saved_bytes
+        """(the least saved bytes: recomputing everything, runtime-optimal saved bytes)."""
+        self.candidates()
+        return self._least.saved_bytes, self.optimal.saved_bytes
 
     def fraction_limit(self, fraction: float, fraction_of: str = "span") -> float:
         """The saved bytes ``fraction`` allows (``FRACTION_OF``)."""

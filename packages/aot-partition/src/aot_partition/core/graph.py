@@ -111,6 +111,10 @@ _DISTANCE_GROWTH = np.array([1.1 ** hops for hops in range(_DISTANCE_CAP + 1)])
 SAVED, RECOMPUTED, BACKWARD, FORWARD = "saved", "recomputed", "backward", "forward"
 
 
+# A node's output size at most: 2**63 - 1 bytes, the largest size torch can describe.
+MAX_NBYTES = 2**63 - 1
+
+
 class CoreGraphError(ValueError):
     """A CoreGraph description is invalid; the message names the node and what is valid."""
 
@@ -163,9 +167,9 @@ class CoreNode:
         if not isinstance(self.category, str) or self.category not in CATEGORIES:
             raise CoreGraphError(f"node '{self.id}' has unknown category {self.category!r}; "
                                  f"valid categories: {', '.join(CATEGORIES)}")
-        if not _is_int(self.nbytes) or self.nbytes < 0:
+        if not _is_int(self.nbytes) or not 0 <= self.nbytes <= MAX_NBYTES:
             raise CoreGraphError(f"node '{self.id}' has nbytes {self.nbytes!r}; must be an int "
-                                 ">= 0 (the bytes of its output)")
+                                 f"from 0 to {MAX_NBYTES} (the bytes of its output)")
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise CoreGraphError(f"node '{self.id}' has {name} {getattr(self, name)!r}; "
@@ -467,11 +471,15 @@ def activation_bytes(graph: CoreGraph, indices: Iterable[int]) -> int:
 
 
 def check_has_backward(graph: CoreGraph) -> None:
-    """A graph to partition has a backward: a tangent input or a node ``in_backward``.
-    Without one (a training step traced whole, as ``jax.value_and_grad``'s jaxpr is) every
-    node would run in the forward and every gradient would be "saved": an answer that means
-    nothing, so it is refused."""
-    if graph.nodes and not any(n.in_backward or n.category == "tangent" for n in graph.nodes):
+    """A graph to partition has a backward: a tangent input, a node ``in_backward``, or a
+    value the backward needs that the forward does not compute (``backward`` and not
+    ``forward``: a gradient of a joint whose tangents were made constants, which torch's
+    partitioner splits too: the gradient is computed in the forward and saved, or recomputed).
+    Without one (a training step traced whole, as ``jax.value_and_grad``'s jaxpr is: every
+    gradient ``forward``) every node would run in the forward and every gradient would be
+    "saved": an answer that means nothing, so it is refused."""
+    if graph.nodes and not any(n.in_backward or n.category == "tangent"
+                               or (n.backward and not n.forward) for n in graph.nodes):
         raise CoreGraphError(
             "the graph has no backward: no node is in_backward and none is a tangent, so there "
             "is nothing to split; mark the backward's nodes in_backward=True (those that "
@@ -685,13 +693,19 @@ def _candidates(graph: CoreGraph) -> set[int]:
 
 
 def build_network(graph: CoreGraph, banned: Mapping[int, str], *, recompute_views: bool = False,
-                  parameters_are_free: bool = True) -> FlowNetwork:
-    """The flow network of ``graph`` with the given bans (position -> reason)."""
+                  parameters_are_free: bool = True, priced_by_bytes: bool = False) -> FlowNetwork:
+    """The flow network of ``graph`` with the given bans (position -> reason).
+    ``priced_by_bytes``: a value that can be saved costs what the one measure of saved bytes
+    counts (inputs, parameters and seeds 0, any other value its ``nbytes``; no bias towards
+    the backward), so the cut saves the fewest bytes its bans allow (a budget's least-memory
+    cuts)."""
     structure = graph.structure
     capacities = np.full(structure.tails.shape[0] + len(banned), math.inf, dtype=np.float64)
     has_save = structure.save_edge >= 0
     costs = default_save_costs(graph, recompute_views=recompute_views,
                                parameters_are_free=parameters_are_free)
+    if priced_by_bytes:
+        costs = np.where(np.isinf(costs), math.inf, _measured_bytes(graph))
     capacities[structure.save_edge[has_save]] = costs[has_save]
     ban_heads = 2 + 2 * np.fromiter(banned, dtype=np.int64, count=len(banned))
     return FlowNetwork(
@@ -700,6 +714,16 @@ def build_network(graph: CoreGraph, banned: Mapping[int, str], *, recompute_view
         heads=np.concatenate([structure.heads, ban_heads]),
         capacities=capacities, names=structure.names,
     )
+
+
+def _measured_bytes(graph: CoreGraph) -> np.ndarray:
+    """Per node, what saving it adds to ``activation_bytes`` (float64, cached)."""
+    cached = graph._cache.get("measured bytes")
+    if cached is None:
+        cached = graph._cache["measured bytes"] = np.array(
+            [0.0 if node.category in INPUT_CATEGORIES else float(node.nbytes)
+             for node in graph.nodes], dtype=np.float64)
+    return cached
 
 
 def edge_reason(graph: CoreGraph, network: FlowNetwork, banned: Mapping[int, str],
@@ -872,13 +896,15 @@ def partition(graph: CoreGraph | Iterable[CoreNode], *, solver: str = SOLVER_DEF
 
 
 def partition_banned(graph: CoreGraph, banned: dict[int, str], *, solver: str = SOLVER_DEFAULT,
-                     recompute_views: bool = False,
-                     parameters_are_free: bool = True) -> CorePartition:
+                     recompute_views: bool = False, parameters_are_free: bool = True,
+                     priced_by_bytes: bool = False) -> CorePartition:
     """``partition`` with the bans already resolved (position -> reason, node order), as
     ``ban_reasons`` gives them: a budget search cuts many times with bans that differ only by
-    the nodes it releases, and skips checking and resolving them again."""
+    the nodes it releases, and skips checking and resolving them again.
+    ``priced_by_bytes``: see ``build_network``."""
     network = build_network(graph, banned, recompute_views=recompute_views,
-                            parameters_are_free=parameters_are_free)
+                            parameters_are_free=parameters_are_free,
+                            priced_by_bytes=priced_by_bytes)
     cut = get_solver(solver)(network)
     if math.isinf(cut.value):
         path = infinite_path(network)

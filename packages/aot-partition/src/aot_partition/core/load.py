@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .graph import CoreGraph, CoreGraphError
+from .graph import MAX_NBYTES, CoreGraph, CoreGraphError
 
 __all__ = ["dump_core_graph", "load_core_graph"]
 
@@ -82,9 +82,63 @@ def _from_text(text: str, where: str) -> CoreGraph:
                                  f"{sorted(data)}")
         data = data["nodes"]
     if not isinstance(data, list):
-        raise CoreGraphError(f"{where}: a graph is a list of node objects, got "
-                             f"{type(data).__name__}")
+        kind = "int" if isinstance(data, _LongInteger) else type(data).__name__
+        raise CoreGraphError(f"{where}: a graph is a list of node objects, got {kind}")
+    _refuse_long_integers(data, where)
     return CoreGraph.from_dicts(data)
+
+
+class _LongInteger:
+    """An integer literal of more than MAX_INT_DIGITS digits, kept unconverted (int() of
+    thousands of digits is slow, and refused past 4,300) until the node and field holding it
+    can be named."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+# What a field holding an over-long integer must be, by field (a node's sizes and costs).
+_FIELD_RANGES = {
+    "nbytes": f"an int from 0 to {MAX_NBYTES} (the bytes of its output)",
+    "runtime": "a finite number >= 0",
+    "save_cost": "a number >= 0 (math.inf: cannot be saved) or None",
+}
+
+
+def _refuse_long_integers(nodes: list[Any], where: str) -> None:
+    """A CoreGraphError naming the node, the field and the valid range for an integer of more
+    than MAX_INT_DIGITS digits anywhere in ``nodes``."""
+    for index, node in enumerate(nodes):
+        if not isinstance(node, dict):
+            digits = _long_integer_digits(node)
+            if digits is not None:
+                raise CoreGraphError(f"{where}: node {index} holds an integer of {digits} "
+                                     f"digits (at most {MAX_INT_DIGITS}); each node is a dict "
+                                     "of CoreNode fields")
+            continue
+        for name, value in node.items():
+            digits = _long_integer_digits(value)
+            if digits is None:
+                continue
+            node_id = node.get("id")
+            named = f"node {node_id!r}" if isinstance(node_id, str) else f"node {index}"
+            held = (f"has {name} of {digits} digits" if isinstance(value, _LongInteger)
+                    else f"has an integer of {digits} digits in {name}")
+            valid = _FIELD_RANGES.get(name, f"an integer of at most {MAX_INT_DIGITS} digits")
+            raise CoreGraphError(f"{where}: {named} {held}; must be {valid}")
+
+
+def _long_integer_digits(value: Any) -> int | None:
+    """The digits of the first over-long integer in ``value`` (nested lists and objects)."""
+    if isinstance(value, _LongInteger):
+        return value.digits
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+        else ()
+    for item in items:
+        digits = _long_integer_digits(item)
+        if digits is not None:
+            return digits
+    return None
 
 
 class _LoadError(ValueError):
@@ -100,10 +154,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _bounded_int(digits: str) -> int:
+def _bounded_int(digits: str) -> int | _LongInteger:
     if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise _LoadError(f"an integer of {len(digits.lstrip('-'))} digits (at most "
-                         f"{MAX_INT_DIGITS})")
+        return _LongInteger(len(digits.lstrip("-")))
     return int(digits)
 
 

@@ -14,6 +14,7 @@ checks that on each.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -160,6 +161,32 @@ def forward_and_backward_outputs(
         )
     return (outputs[:num_fwd_outputs], outputs[num_fwd_outputs:],
             descs[:num_fwd_outputs], descs[num_fwd_outputs:])
+
+
+def complete_tuple_values(graph: fx.Graph) -> list[fx.Node]:
+    """Give ``meta["val"]`` to tuple-valued calls that lack it, from their ``getitem`` users.
+
+    Inductor's auto_chunker (``torch._inductor.config.auto_chunker``) calls one chunk subgraph
+    per chunk through ``invoke_subgraph`` and propagates fake values afterwards; the first
+    call of a subgraph is left without a value (torch 2.13), though each of its outputs
+    (``getitem``) has one. The tuple is those outputs, ``None`` where no ``getitem`` reads an
+    index (an output nothing reads holds no memory after the call). A call with any other
+    reader is left alone: sizing it then names it (MissingMetadataError). Returns the nodes
+    completed."""
+    completed = []
+    for node in graph.nodes:
+        if node.op != "call_function" or "val" in node.meta or not node.users:
+            continue
+        outputs: dict[int, Any] = {}
+        for user in node.users:
+            if (user.target is not operator.getitem or len(user.args) != 2
+                    or not isinstance(user.args[1], int) or "val" not in user.meta):
+                break
+            outputs[user.args[1]] = user.meta["val"]
+        else:
+            node.meta["val"] = tuple(outputs.get(i) for i in range(max(outputs) + 1))
+            completed.append(node)
+    return completed
 
 
 def check_topological_order(graph: fx.Graph) -> None:

@@ -1,7 +1,8 @@
 """The joint graph made ready for partitioning, and given back as it came afterwards.
 
 ``prepared_joint`` runs the passes every min-cut partition (and a Pareto sweep) starts with:
-the topological-order check, dead-code elimination, common-subexpression merging, MUST_SAVE
+the topological-order check, values for tuple-valued calls that lack them (an auto-chunked
+joint's first ``invoke_subgraph``: ``joint.complete_tuple_values``), dead-code elimination, common-subexpression merging, MUST_SAVE
 for readers of inputs mutated in place, and the checkpoint-tag clean-up. The merge is undone
 on the way out, also when the partition raises.
 """
@@ -9,12 +10,18 @@ on the way out, also when the partition raises.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch.fx as fx
 
 from ..config import PartitionConfig
-from .joint import ancestors_within, check_topological_order, forward_and_backward_outputs
+from .joint import (
+    ancestors_within,
+    check_topological_order,
+    complete_tuple_values,
+    forward_and_backward_outputs,
+)
 from .passes import (
     cleanup_recompute_tags,
     eliminate_dead_code,
@@ -22,6 +29,8 @@ from .passes import (
     merge_common_subexpressions,
     save_readers_of_mutated_inputs,
 )
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -39,6 +48,10 @@ def prepared_joint(joint_module: fx.GraphModule, num_fwd_outputs: int, *,
     config = config if config is not None else PartitionConfig.from_flags()
     graph = joint_module.graph
     check_topological_order(graph)
+    completed = complete_tuple_values(graph)  # metadata only: it stays
+    if completed:
+        log.debug("values completed from their getitem users: %s",
+                  ", ".join(n.name for n in completed))
     if eliminate_dead_code(graph):
         joint_module.recompile()
     merged = None
