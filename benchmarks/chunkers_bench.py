@@ -556,6 +556,16 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _version(package: str) -> str:
+    """An installed package's version, without importing it (the parent stays light)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def write(meta: dict[str, Any], rows: list[Row], out: str, results: bool) -> str:
     with open(os.path.join(out, "chunkers_bench.json"), "w") as f:
         json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, f, indent=2)
@@ -572,8 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS),
                         help=f"comma-separated, of {', '.join(MODELS)}")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default=None,
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all; "
+                             f"with --smoke {', '.join(SMOKE_VARIANTS)})")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -605,21 +616,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     models = {"gpt-smoke": SMOKE_MODEL} if args.smoke else {
         name: MODELS[name] for name in args.models.split(",")}
-    keys = SMOKE_VARIANTS if args.smoke else tuple(args.variants.split(","))
+    keys = (tuple(args.variants.split(",")) if args.variants else
+            SMOKE_VARIANTS if args.smoke else tuple(VARIANTS))
     unknown = [k for k in keys if k not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     if args.smoke:
         args.steps = 1
-    import torch
-
-    try:
-        import transformers
-        transformers_version = transformers.__version__
-    except ImportError:
-        transformers_version = ""
     meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs ({_cpu_model()})",
-            "torch": torch.__version__, "transformers": transformers_version,
+            "torch": _version("torch"), "transformers": _version("transformers"),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": args.device, "threads": args.threads, "steps": args.steps,
             "models": list(models), "model_specs": {n: asdict(m) for n, m in models.items()},
