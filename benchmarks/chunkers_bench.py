@@ -7,9 +7,11 @@ new temporary folder, ``TORCHINDUCTOR_FX_GRAPH_CACHE=0``, ``TORCHINDUCTOR_AUTOGR
 and the step itself); step: the median of ``--steps`` (3) steps after it; peak: MiB above the
 memory allocated before one more step (``aot_partition.memory_models.simulator.measure_peak``:
 the profiler's allocation events on CPU, ``max_memory_allocated`` on CUDA); gradients set to
-None before every step. Loss: the first step's; "matches eager" within a relative 1e-5 (fp32
-weights) or 4e-3 (bf16 weights: one bf16 epsilon); grad error: the largest |difference| from
-eager's gradients over every parameter.
+None before every step. Step CPU: the process's CPU time (both threads) over the same steps,
+the median; on a machine shared with other work it moves less than the wall time. Loss: the
+first step's; "matches eager" within a relative 1e-5 (fp32 weights) or 4e-3 (bf16 weights: one
+bf16 epsilon); grad error: the largest |difference| from eager's gradients over every
+parameter.
 
 Variants (``VARIANTS``; ``--variants`` picks by key):
 
@@ -128,6 +130,7 @@ class Row:
     label: str
     peak_mib: float | None = None
     step_ms: float | None = None
+    step_cpu_ms: float | None = None  # the process's CPU time over the same steps
     compile_s: float | None = None
     loss: float | None = None
     loss_matches: bool | None = None
@@ -270,13 +273,13 @@ def run_variant(spec: dict[str, Any]) -> dict[str, Any]:
         loss.backward()
         return loss
 
-    def timed() -> float:
+    def timed() -> tuple[float, float]:
         module.zero_grad(set_to_none=True)
         sync()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         run()
         sync()
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     try:
         module.zero_grad(set_to_none=True)
@@ -298,8 +301,9 @@ def run_variant(spec: dict[str, Any]) -> dict[str, Any]:
                 break
         row["note"] = f"{type(error).__name__}: {line}"[:300]
         return row
-    row["step_times_ms"] = [1000 * t for t in times]
-    row["step_ms"] = 1000 * statistics.median(times)
+    row["step_times_ms"] = [1000 * wall for wall, _ in times]
+    row["step_ms"] = 1000 * statistics.median(wall for wall, _ in times)
+    row["step_cpu_ms"] = 1000 * statistics.median(cpu for _, cpu in times)
     row["peak_mib"] = peak.peak_bytes / MIB
     done = []
     if compiled is not None:
@@ -407,106 +411,106 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def table(rows: list[Row]) -> list[str]:
-    lines = ["| variant | peak MiB | step ms | compile s | loss | matches eager | grad error | "
-             "split | note |", "|---|---:|---:|---:|---:|---|---:|---|---|"]
+    lines = ["| variant | peak MiB | step ms | step CPU ms | compile s | loss | matches eager | "
+             "grad error | split | note |", "|---|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
         match = {True: "yes", False: "**no**", None: "-"}[r.loss_matches]
         lines.append(f"| {r.label} | {_fmt(r.peak_mib, '.1f')} | {_fmt(r.step_ms, '.1f')} | "
-                     f"{_fmt(r.compile_s, '.1f')} | {_fmt(r.loss, '.6f')} | {match} | "
-                     f"{_fmt(r.grad_error, '.1e')} | {r.split} | {r.note} |")
+                     f"{_fmt(r.step_cpu_ms, '.0f')} | {_fmt(r.compile_s, '.1f')} | "
+                     f"{_fmt(r.loss, '.6f')} | {match} | {_fmt(r.grad_error, '.1e')} | "
+                     f"{r.split} | {r.note} |")
     return lines
 
 
-def _ours(rows: list[Row]) -> list[Row]:
+def _ours(rows: list[Row], clock: str = "step_ms") -> list[Row]:
     """Our split's rows (split=N and the caps) that ran."""
     return [r for r in rows if (r.variant.startswith("split") or r.variant.startswith("cap-"))
-            and r.peak_mib is not None and r.step_ms is not None]
+            and r.peak_mib is not None and getattr(r, clock) is not None]
 
 
-def _row(rows: list[Row], key: str) -> Row | None:
+def _row(rows: list[Row], key: str, clock: str = "step_ms") -> Row | None:
     return next((r for r in rows if r.variant == key and r.peak_mib is not None
-                 and r.step_ms is not None), None)
+                 and getattr(r, clock) is not None), None)
 
 
-def _point(r: Row) -> str:
-    return f"{r.label} {r.peak_mib:.1f} MiB, {r.step_ms:.0f} ms"
+def targets(rows: list[Row], clock: str = "step_ms") -> list[str]:
+    """T1 and T2 for one model, met or missed, with the measured numbers; ``clock``: the step
+    time compared, the wall time ("step_ms") or the process's CPU time ("step_cpu_ms")."""
+    unit = "ms" if clock == "step_ms" else "CPU ms"
 
+    def t(r: Row) -> float:
+        return float(getattr(r, clock))
 
-def targets(rows: list[Row]) -> list[str]:
-    """T1 and T2 for one model, met or missed, with the measured numbers."""
-    ours = _ours(rows)
+    def peak(r: Row) -> float:
+        return float(r.peak_mib or 0.0)
+
+    def point(r: Row) -> str:
+        return f"{r.label} {peak(r):.1f} MiB, {t(r):.0f} {unit}"
+
+    ours = _ours(rows, clock)
     out = []
-    ac = _row(rows, "inductor+ac")
+    ac = _row(rows, "inductor+ac", clock)
     if ac is None or not ours:
         out.append("- T1: not evaluated (no measured auto_chunker row or none of ours).")
     else:
-        assert ac.peak_mib is not None and ac.step_ms is not None
-        at_peak = [r for r in ours if (r.peak_mib or 0) <= ac.peak_mib]
-        fast = min(at_peak, key=lambda r: r.step_ms or 0.0) if at_peak else None
-        if fast is None:
-            least = min(ours, key=lambda r: r.peak_mib or 0.0)
-            a = (f"missed: none of ours is at or under its peak ({ac.peak_mib:.1f} MiB); "
-                 f"our least is {_point(least)}")
+        at_peak = [r for r in ours if peak(r) <= peak(ac)]
+        if not at_peak:
+            a = (f"missed: none of ours is at or under its peak ({peak(ac):.1f} MiB); our "
+                 f"least is {point(min(ours, key=peak))}")
         else:
-            assert fast.step_ms is not None
-            ratio = fast.step_ms / ac.step_ms
+            fast = min(at_peak, key=t)
+            ratio = t(fast) / t(ac)
             a = (f"{'met' if ratio <= 1 else 'missed'}: at or under its peak "
-                 f"({ac.peak_mib:.1f} MiB) our fastest is {_point(fast)}, {ratio:.2f}x its "
-                 f"{ac.step_ms:.0f} ms" + ("" if ratio <= 1 else
-                                            f" ({100 * (ratio - 1):.0f}% slower)"))
-        as_fast = [r for r in ours if (r.step_ms or 0) <= ac.step_ms]
-        low = min(as_fast, key=lambda r: r.peak_mib or 0.0) if as_fast else None
-        if low is None:
-            quickest = min(ours, key=lambda r: r.step_ms or 0.0)
-            b = (f"missed: none of ours is as fast as its {ac.step_ms:.0f} ms; our fastest is "
-                 f"{_point(quickest)}")
+                 f"({peak(ac):.1f} MiB) our fastest is {point(fast)}, {ratio:.2f}x its "
+                 f"{t(ac):.0f} {unit}" + ("" if ratio <= 1 else
+                                          f" ({100 * (ratio - 1):.0f}% slower)"))
+        as_fast = [r for r in ours if t(r) <= t(ac)]
+        if not as_fast:
+            b = (f"missed: none of ours is as fast as its {t(ac):.0f} {unit}; our fastest is "
+                 f"{point(min(ours, key=t))}")
         else:
-            assert low.peak_mib is not None
-            cut = 1 - low.peak_mib / ac.peak_mib
+            low = min(as_fast, key=peak)
+            cut = 1 - peak(low) / peak(ac)
             b = (f"{'met' if cut >= 0.3 else 'missed'}: at or under its step time "
-                 f"({ac.step_ms:.0f} ms) our lowest peak is {_point(low)}, {100 * abs(cut):.0f}% "
-                 f"{'under' if cut >= 0 else 'over'} its {ac.peak_mib:.1f} MiB (target: 30% "
+                 f"({t(ac):.0f} {unit}) our lowest peak is {point(low)}, {100 * abs(cut):.0f}% "
+                 f"{'under' if cut >= 0 else 'over'} its {peak(ac):.1f} MiB (target: 30% "
                  "under)")
         verdict = "met" if a.startswith("met") and b.startswith("met") else "missed"
-        out.append(f"- T1 ({verdict}), against inductor + auto_chunker ({_point(ac)}): "
+        out.append(f"- T1 ({verdict}), against inductor + auto_chunker ({point(ac)}): "
                    f"(a) {a}; (b) {b}.")
-    lces = [r for r in (_row(rows, "lce-inductor"), _row(rows, "lce-ours")) if r is not None]
-    inductor = _row(rows, "inductor")
+    lces = [r for r in (_row(rows, "lce-inductor", clock), _row(rows, "lce-ours", clock))
+            if r is not None]
+    inductor = _row(rows, "inductor", clock)
     if not lces or inductor is None or not ours:
         out.append("- T2: not evaluated (no measured F.linear_cross_entropy or inductor row, "
                    "or none of ours).")
         return out
-    lce = min(lces, key=lambda r: r.peak_mib or 0.0)
-    assert lce.peak_mib is not None and inductor.step_ms is not None
-    goal = 1.05 * lce.peak_mib
-    in_time = [r for r in ours if (r.step_ms or 0) <= inductor.step_ms]
-    reach = [r for r in ours if (r.peak_mib or 0) <= goal]
-    head = (f"- T2 ({{}}), F.linear_cross_entropy's peak {lce.peak_mib:.1f} MiB ({lce.label}; "
-            f"within 5%: <= {goal:.1f} MiB) at no more than inductor's {inductor.step_ms:.0f} "
-            "ms: ")
-    hit = [r for r in in_time if (r.peak_mib or 0) <= goal]
+    lce = min(lces, key=peak)
+    goal = 1.05 * peak(lce)
+    in_time = [r for r in ours if t(r) <= t(inductor)]
+    reach = [r for r in ours if peak(r) <= goal]
+    head = (f"- T2 ({{}}), F.linear_cross_entropy's peak {peak(lce):.1f} MiB ({lce.label}; "
+            f"within 5%: <= {goal:.1f} MiB) at no more than inductor's {t(inductor):.0f} "
+            f"{unit}: ")
+    hit = [r for r in in_time if peak(r) <= goal]
     if hit:
-        best = min(hit, key=lambda r: r.peak_mib or 0.0)
-        out.append(head.format("met") + f"{_point(best)}.")
+        out.append(head.format("met") + f"{point(min(hit, key=peak))}.")
         return out
     parts = []
     if in_time:
-        low = min(in_time, key=lambda r: r.peak_mib or 0.0)
-        assert low.peak_mib is not None
-        parts.append(f"within inductor's step time our lowest peak is {_point(low)}, "
-                     f"{100 * (low.peak_mib / lce.peak_mib - 1):.0f}% above it")
+        low = min(in_time, key=peak)
+        parts.append(f"within inductor's step time our lowest peak is {point(low)}, "
+                     f"{100 * (peak(low) / peak(lce) - 1):.0f}% above it")
     else:
         parts.append("none of ours is as fast as inductor")
     if reach:
-        quick = min(reach, key=lambda r: r.step_ms or 0.0)
-        assert quick.step_ms is not None
-        parts.append(f"the fastest of ours within 5% of its peak is {_point(quick)}, "
-                     f"{100 * (quick.step_ms / inductor.step_ms - 1):.0f}% slower than inductor")
+        quick = min(reach, key=t)
+        parts.append(f"the fastest of ours within 5% of its peak is {point(quick)}, "
+                     f"{100 * (t(quick) / t(inductor) - 1):.0f}% slower than inductor")
     else:
-        least = min(ours, key=lambda r: r.peak_mib or 0.0)
-        assert least.peak_mib is not None
-        parts.append(f"none of ours reaches it; our least peak is {_point(least)}, "
-                     f"{100 * (least.peak_mib / lce.peak_mib - 1):.0f}% above")
+        least = min(ours, key=peak)
+        parts.append(f"none of ours reaches it; our least peak is {point(least)}, "
+                     f"{100 * (peak(least) / peak(lce) - 1):.0f}% above")
     out.append(head.format("missed") + "; ".join(parts) + ".")
     return out
 
@@ -536,12 +540,15 @@ def markdown(meta: dict[str, Any], rows: list[Row], results: bool) -> str:
                   "inductor + auto_chunker's peak our step is no slower, and at its step time "
                   "our peak is at least 30% lower. T2: F.linear_cross_entropy's peak (the "
                   "lower of its two rows) reached within 5% at no more than Inductor's unsplit "
-                  "step time. Step times on this shared machine move by several percent "
-                  "between runs.", ""]
+                  "step time. Each is judged twice: by the wall time, as the issue states it, "
+                  "and by the process's CPU time, which other work on a shared machine moves "
+                  "less.", ""]
         for name in meta["models"]:
             mine = [r for r in rows if r.model == name]
             if mine:
-                lines += [f"**{name}**", "", *targets(mine), ""]
+                lines += [f"**{name}**", "", "By the wall time (the median step):",
+                          *targets(mine), "", "By the process's CPU time (the median step):",
+                          *targets(mine, "step_cpu_ms"), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
