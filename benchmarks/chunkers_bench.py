@@ -141,6 +141,11 @@ class Row:
     wall_s: float | None = None  # the subprocess, start to end
     step_times_ms: list[float] = field(default_factory=list)
 
+    @property
+    def step_min_ms(self) -> float | None:
+        """The fastest timed step: the one the machine's other work disturbed least."""
+        return min(self.step_times_ms) if self.step_times_ms else None
+
 
 # --- one variant, in its own process -----------------------------------------------------------
 
@@ -411,12 +416,15 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def table(rows: list[Row]) -> list[str]:
-    lines = ["| variant | peak MiB | step ms | step CPU ms | compile s | loss | matches eager | "
-             "grad error | split | note |", "|---|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    lines = ["| variant | peak MiB | step ms | steps min-max ms | step CPU ms | compile s | "
+             "loss | matches eager | grad error | split | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|"]
     for r in rows:
         match = {True: "yes", False: "**no**", None: "-"}[r.loss_matches]
+        spread = (f"{min(r.step_times_ms):.0f}-{max(r.step_times_ms):.0f}"
+                  if r.step_times_ms else "-")
         lines.append(f"| {r.label} | {_fmt(r.peak_mib, '.1f')} | {_fmt(r.step_ms, '.1f')} | "
-                     f"{_fmt(r.step_cpu_ms, '.0f')} | {_fmt(r.compile_s, '.1f')} | "
+                     f"{spread} | {_fmt(r.step_cpu_ms, '.0f')} | {_fmt(r.compile_s, '.1f')} | "
                      f"{_fmt(r.loss, '.6f')} | {match} | {_fmt(r.grad_error, '.1e')} | "
                      f"{r.split} | {r.note} |")
     return lines
@@ -435,8 +443,10 @@ def _row(rows: list[Row], key: str, clock: str = "step_ms") -> Row | None:
 
 def targets(rows: list[Row], clock: str = "step_ms") -> list[str]:
     """T1 and T2 for one model, met or missed, with the measured numbers; ``clock``: the step
-    time compared, the wall time ("step_ms") or the process's CPU time ("step_cpu_ms")."""
-    unit = "ms" if clock == "step_ms" else "CPU ms"
+    time compared: the median step ("step_ms"), the fastest ("step_min_ms") or the process's
+    CPU time ("step_cpu_ms")."""
+    unit = {"step_ms": "ms", "step_min_ms": "ms (fastest step)",
+            "step_cpu_ms": "CPU ms"}[clock]
 
     def t(r: Row) -> float:
         return float(getattr(r, clock))
@@ -540,15 +550,15 @@ def markdown(meta: dict[str, Any], rows: list[Row], results: bool) -> str:
                   "inductor + auto_chunker's peak our step is no slower, and at its step time "
                   "our peak is at least 30% lower. T2: F.linear_cross_entropy's peak (the "
                   "lower of its two rows) reached within 5% at no more than Inductor's unsplit "
-                  "step time. Each is judged twice: by the wall time, as the issue states it, "
-                  "and by the process's CPU time, which other work on a shared machine moves "
-                  "less.", ""]
+                  "step time. Each is judged twice: by the median step, as the issue states it, "
+                  "and by the fastest of the timed steps, the one the machine's other work "
+                  "disturbed least.", ""]
         for name in meta["models"]:
             mine = [r for r in rows if r.model == name]
             if mine:
-                lines += [f"**{name}**", "", "By the wall time (the median step):",
-                          *targets(mine), "", "By the process's CPU time (the median step):",
-                          *targets(mine, "step_cpu_ms"), ""]
+                lines += [f"**{name}**", "", "By the median step (the issue's measure):",
+                          *targets(mine), "", "By the fastest of the timed steps:",
+                          *targets(mine, "step_min_ms"), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
