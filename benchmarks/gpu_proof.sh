@@ -13,6 +13,11 @@
 #      against the measured peak on the device (compiled_memory_bench.py); then the split
 #      (split_bench.py --quick: GPT-2's head, 8 x 1024 tokens: Inductor, torch@0.5, split). Peaks are per process and unaffected;
 #      step times are taken with these running beside, so they are indicative only.
+#   3. beside them, torch's own chunkers against our split (chunkers_bench.py, each variant in
+#      its own process with an empty Inductor cache; a 2-layer GPT with GPT-2's head, 8 x 1024
+#      tokens): eager, Inductor, Inductor + auto_chunker, F.linear_cross_entropy compiled by
+#      Inductor, ours split=8, ours under a cap of 0.7x the auto_chunker's peak. Rows are
+#      written as each variant ends, so a cut-off run keeps the ones done.
 #
 # Prepare here (our wheels travel; the machine has torch, transformers, pytest, scipy):
 #   uv build --all-packages -o .whl-proof      # .whl-proof/ is git-ignored
@@ -72,6 +77,13 @@ timeout "$(left 5)" "$python" benchmarks/gpu_train_bench.py --device "$device" -
     > "$out/gpu_train_bench.log" 2>&1 &
 train=$!
 
+step "beside it: torch's chunkers (auto_chunker, F.linear_cross_entropy) against our split"
+if [ "$size" = tiny ]; then chunkers_args="--smoke --variants eager"  # no compile: seconds
+else chunkers_args="--models gpt-gpu --variants eager,inductor,inductor+ac,lce-inductor,split8,cap-ac --timeout 200"; fi
+timeout "$(left 10)" "$python" benchmarks/chunkers_bench.py --device "$device" $chunkers_args \
+    --out "$out" > "$out/chunkers_bench.log" 2>&1 &
+chunkers=$!
+
 step "beside it: the compiled-program memory model, predicted vs measured ($device)"
 timeout "$(left 10)" "$python" benchmarks/compiled_memory_bench.py --device "$device" \
     --models "$bench_models" $bench_cells --out "$out" > "$out/compiled_memory_bench.log" 2>&1 &
@@ -92,6 +104,9 @@ timeout "$(left 10)" "$python" benchmarks/split_bench.py --device "$device" $spl
     --out "$out" > "$out/split_bench.log" 2>&1 || status=1
 cat "$out/split_bench.md" 2>/dev/null
 wait "$bench" || status=1
+wait "$chunkers" || status=1
+step "torch's chunkers against our split"
+cat "$out/chunkers_bench.md" 2>/dev/null
 step "compiled-program memory model"
 cat "$out/compiled_memory_bench.md" 2>/dev/null
 wait "$train" || status=1

@@ -37,6 +37,9 @@ def test_the_gpu_proof_runs_end_to_end_on_cpu(tmp_path):
     assert set(split) == {"eager", "inductor@1.0", "ours split=8"}
     assert split["ours split=8"]["peak_mib"] < split["inductor@1.0"]["peak_mib"]
     assert split["ours split=8"]["max_grad_error"] < 1e-5
+    chunkers = json.loads((tmp_path / "chunkers_bench.json").read_text())["rows"]
+    assert [(row["variant"], row["loss_matches"]) for row in chunkers] == [("eager", True)]
+    assert chunkers[0]["peak_mib"] > 0
 
 
 def test_a_bad_argument_is_refused():
