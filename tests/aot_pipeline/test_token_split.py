@@ -650,3 +650,58 @@ def test_against_recompute_auto_tries_more_chunks_down_to_128_tokens():
     assert split_counts_against_recompute(sites(8192)) == [8, 16, 32, 64]
     assert split_counts_against_recompute(sites(256)) == [2]  # 128 tokens a chunk at most
     assert split_counts_against_recompute(sites(2**20)) == [64]  # MAX_CHUNKS
+
+
+class _TrunkAndHead(nn.Module):
+    """A trunk and an LM head named as torchtune's (``output``), which returns the logits whole
+    or, as torchtune's ``set_num_output_chunks``, one projection a chunk of the sequence."""
+
+    def __init__(self, vocab=96, dim=32, output_chunks=1):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.body = nn.Linear(dim, dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+        self.output_chunks = output_chunks
+
+    def forward(self, ids):
+        h = torch.tanh(self.body(self.emb(ids)))
+        if self.output_chunks == 1:
+            return self.output(h)
+        return [self.output(chunk) for chunk in h.chunk(self.output_chunks, dim=1)]
+
+
+def _torchtitan_loss(pred, labels):
+    """torchtitan's cross-entropy: flattened, in fp32, summed, divided by the tokens counted."""
+    return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum",
+                           ignore_index=-100) / (labels != -100).sum()
+
+
+def _torchtune_chunked_output_loss(logits, labels, chunks=4):
+    """torchtune's CEWithChunkedOutputLoss: a summed fp32 cross-entropy per output chunk."""
+    total = (labels != -100).sum()
+    labels = [t.reshape(-1) for t in labels.chunk(chunks, dim=1)]
+    loss = 0.0
+    for chunk, target in zip(logits, labels):
+        loss = loss + F.cross_entropy(chunk.reshape(-1, chunk.size(-1)).float(), target,
+                                      ignore_index=-100, reduction="sum")
+    return loss / total
+
+
+@pytest.mark.parametrize("output_chunks, loss_fn, sites", [
+    (1, _torchtitan_loss, 1), (4, _torchtune_chunked_output_loss, 4)])
+def test_torchtitans_and_torchtunes_loss_shapes_are_split_and_equal_eager(
+        output_chunks, loss_fn, sites):
+    """Issue 50 item 4: the losses torchtitan and torchtune write (torchtune's already chunked by
+    the model's output projections: each chunk's head and loss is a site of its own)."""
+    torch.manual_seed(0)
+    model = _TrunkAndHead(output_chunks=output_chunks)
+    eager = copy.deepcopy(model)
+
+    def step_of(module):
+        return lambda ids, labels: loss_fn(module(ids), labels)
+
+    torch._dynamo.reset()
+    compiled = aot_pipeline.compile(step_of(model), split=4)
+    _compare(model, eager, compiled, step_of(eager), _batch(96, 2, 16))
+    assert [(d.chunks, d.site.reduction) for d in compiled.recorder.splits] == [(4, "sum")] * sites
+    assert compiled.recorder.split_left_alone == []
