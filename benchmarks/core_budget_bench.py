@@ -177,9 +177,8 @@ def scale(repeats: int) -> list[str]:
         lines += [timed(lambda: CoreGraph.from_dicts(plain), "GPT-32 core graph (adapter)"),
                   timed(lambda: CoreGraph.from_dicts(with_runtimes),
                         "GPT-32 core graph + roofline runtimes")]
-    sys.path.insert(0, str(HERE.parent / "tests" / "aot_partition"))
     sys.path.insert(0, str(HERE.parent / "tests"))
-    from test_core_budget_resolution import (  # type: ignore[import-not-found]
+    from jaxpr_graphs import (  # type: ignore[import-not-found]
         policy_cut,
         transformer_step,
     )

@@ -78,7 +78,6 @@ from .graph import (
     check_release,
     default_save_costs,
     distances_from_backward,
-    partition,
     partition_banned,
 )
 from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
@@ -224,6 +223,9 @@ class _Search:
         self.graph, self.release, self.knapsack, self.options = graph, list(release), knapsack, \
             options
         self._base_bans: dict[int, str] | None = None
+        self._base_ban_order = np.zeros(0, dtype=np.int64)
+        self._base_ban_whys: list[str] = []
+        self._families: dict[bool, Any] = {}
         self.runtimes = np.array([node.runtime for node in graph.nodes], dtype=np.float64)
         costs = default_save_costs(graph, recompute_views=options["recompute_views"],
                                    parameters_are_free=options["parameters_are_free"])
@@ -252,31 +254,52 @@ class _Search:
     def _candidate(self, label: str, rank: int, released: tuple[str, ...],
                    path: tuple[int, ...] = (), priced_by_bytes: bool = False,
                    also_banned: Mapping[int, str] | None = None) -> _Candidate:
-        if self.options["rules"] and not (priced_by_bytes or also_banned):
-            # graph-wide rules re-read which nodes are banned
-            result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
-                               **self.options)
-        else:
-            if self.options["rules"]:
-                banned = ban_reasons(self.graph, bans=self.bans,
-                                     release=[*self.release, *released],
-                                     rules=self.options["rules"],
-                                     max_dist_from_bw=self.options["max_dist_from_bw"])
-            else:  # the runtime-optimal cut's bans less the released nodes: no re-resolving
-                if self._base_bans is None:
-                    self._base_bans = ban_reasons(self.graph, bans=self.bans,
-                                                  release=self.release)
-                gone = {self.graph.index[name] for name in released}
-                banned = {i: why for i, why in self._base_bans.items() if i not in gone}
-            if also_banned:
-                banned = dict(sorted({**also_banned, **banned}.items()))
-            result = partition_banned(self.graph, banned, solver=self.options["solver"],
-                                      recompute_views=self.options["recompute_views"],
-                                      parameters_are_free=self.options["parameters_are_free"],
-                                      priced_by_bytes=priced_by_bytes)
+        if self.options["rules"]:  # graph-wide rules re-read which nodes are banned
+            banned = ban_reasons(self.graph, bans=self.bans, release=[*self.release, *released],
+                                 rules=self.options["rules"],
+                                 max_dist_from_bw=self.options["max_dist_from_bw"])
+        else:  # the runtime-optimal cut's bans less the released nodes: no re-resolving
+            if self._base_bans is None:
+                self._base_bans = ban_reasons(self.graph, bans=self.bans, release=self.release)
+                self._base_ban_order = np.fromiter(self._base_bans, dtype=np.int64,
+                                                   count=len(self._base_bans))
+                self._base_ban_whys = list(self._base_bans.values())
+            kept = np.ones(len(self.graph.nodes), dtype=bool)
+            index = self.graph.index
+            kept[np.fromiter(map(index.__getitem__, released), dtype=np.int64,
+                             count=len(released))] = False
+            keep = kept[self._base_ban_order]
+            whys = self._base_ban_whys
+            banned = dict(zip(self._base_ban_order[keep].tolist(),
+                              [whys[k] for k in np.flatnonzero(keep).tolist()]))
+        if also_banned:
+            banned = dict(sorted({**also_banned, **banned}.items()))
+        result = self._cut(banned, priced_by_bytes)
         runtime = float(self.runtimes[recomputed_mask(result)].sum())
         return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
                           runtime, path)
+
+    def _cut(self, banned: dict[int, str], priced_by_bytes: bool) -> CorePartition:
+        """``partition_banned`` with this search's options; with the scipy solver through a
+        CutFamily per pricing (cut_family.py: the same cut, solved on what earlier cuts leave
+        open, or reused)."""
+        family = self._families.get(priced_by_bytes)
+        if family is None and self.options["solver"] == "scipy":
+            try:
+                from .cut_family import CutFamily
+            except ModuleNotFoundError:  # no scipy: the solver falls back by itself
+                pass
+            else:
+                family = self._families[priced_by_bytes] = CutFamily(
+                    self.graph, recompute_views=self.options["recompute_views"],
+                    parameters_are_free=self.options["parameters_are_free"],
+                    priced_by_bytes=priced_by_bytes)
+        if family is not None:
+            return family.cut(banned)
+        return partition_banned(self.graph, banned, solver=self.options["solver"],
+                                recompute_views=self.options["recompute_views"],
+                                parameters_are_free=self.options["parameters_are_free"],
+                                priced_by_bytes=priced_by_bytes)
 
     def candidates(self) -> list[_Candidate]:
         """Every fixed candidate, the runtime-optimal first (see the module doc)."""
