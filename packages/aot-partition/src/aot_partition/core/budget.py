@@ -101,6 +101,9 @@ FRACTION_OF = ("span", "runtime_optimal")
 # A refinement stops within 1/REFINE_STEPS of the measure's range below its limit.
 REFINE_STEPS = 1024
 REPAIR_TRIES = 8
+# A peak cap's pool: the runtime-optimal cut with 1/PEAK_STEPS, 2/PEAK_STEPS, ... of its items
+# released (least runtime per byte first).
+PEAK_STEPS = 16
 _PROBE_RANK = 1 << 30  # after every fixed candidate; ties among probes: by released items
 RUNTIME_BAN = "recomputing it costs runtime {runtime:g}"
 # The label of the recompute-everything cut priced by the byte measure (the fewest bytes).
@@ -249,6 +252,11 @@ class _Search:
         # Cuts by released set: the fixed candidates and every refinement's probes.
         self._cuts: dict[tuple[str, ...], _Candidate] = {(): self.optimal}
         self._grid: dict[int, _Candidate] = {}     # i -> the refined answer at fraction i/32
+        self._grid_tried: dict[int, list[_Candidate]] = {}  # i -> the cuts its refinement tried
+        self._tried: list[_Candidate] | None = None
+        self._peak_pool: list[_Candidate] | None = None
+        self._orders: dict[tuple[str, ...], list[str]] = {}  # a miss's release order
+        self._per_byte_order: list[str] | None = None
         self._tolerances: dict[str, float] = {}
 
     def _candidate(self, label: str, rank: int, released: tuple[str, ...],
@@ -394,11 +402,35 @@ class _Search:
             start = [c for c in self.candidates() if c.saved_bytes <= limit]
             start += [self.grid_answer(j) for j in range(1, i)]
             floor = self.fraction_limit(BUDGET_FRACTIONS[GRID - i + 1])
-            found = self._grid[i] = _best(self.refine(limit, "saved_bytes", start, floor))
+            tried: list[_Candidate] = []
+            self._tried = tried
+            try:
+                found = self._grid[i] = _best(self.refine(limit, "saved_bytes", start, floor))
+            finally:
+                self._tried = None
+            self._grid_tried[i] = tried
         return found
 
+    def grid_probes(self, i: int) -> list[_Candidate]:
+        """Every cut the refinement of fraction i/32 tried, meeting its limit or not (module
+        doc, step 6): what a byte budget at or below that limit also chooses among."""
+        self.grid_answer(i)
+        return self._grid_tried[i]
+
+    def peak_pool(self) -> list[_Candidate]:
+        """The cuts a peak cap chooses among besides the fixed candidates, the same for every
+        cap (so a larger cap never answers worse): from the runtime-optimal cut, its items
+        released one at a time, least runtime per byte first, cut after each 1/PEAK_STEPS of
+        them (nested ban sets: the cut family solves each on what the last one left open)."""
+        if self._peak_pool is None:
+            order = self._release_order(set())
+            counts = sorted({max(1, round(k * len(order) / PEAK_STEPS))
+                             for k in range(1, PEAK_STEPS + 1)}) if order else []
+            self._peak_pool = [self._probe(set(order[:m])) for m in counts]
+        return self._peak_pool
+
     def refine(self, limit: float, kind: str, fitting: list[_Candidate],
-               floor: float | None = None) -> list[_Candidate]:
+               floor: float | None = None, repair: bool = True) -> list[_Candidate]:
         """``fitting`` (candidates that meet ``limit``, at least one) and the cuts refining
         finds when the best of them measures ``floor`` or less (default: 1/1024 of the
         candidates' range below ``limit``) and a candidate with less recompute misses the
@@ -413,7 +445,7 @@ class _Search:
         if not better:
             return fitting
         miss = min(better, key=lambda c: (c.measure(kind), c.recompute_runtime, c.rank))
-        found = fitting + self._repair(miss, limit, kind, floor)
+        found = fitting + (self._repair(miss, limit, kind, floor) if repair else [])
         if _best(found, kind).measure(kind) <= floor:
             found += self._one_by_one(miss, limit, kind, floor)
         return found
@@ -426,17 +458,28 @@ class _Search:
             candidate = self._cuts[key] = self._candidate(
                 f"refined: {len(key)} of {len(self.items)} items released", _PROBE_RANK, key,
                 tuple(self._position[n] for n in key))
+        if self._tried is not None:
+            self._tried.append(candidate)
         return candidate
+
+    def _release_order(self, released: set[str]) -> list[str]:
+        """The items not in ``released``, least runtime per byte first, then graph order."""
+        if self._per_byte_order is None:
+            index, nodes = self.graph.index, self.graph.nodes
+            self._per_byte_order = sorted(
+                self.items, key=lambda name: (_per_byte(nodes[index[name]]),
+                                              self._position[name]))
+        return [name for name in self._per_byte_order if name not in released]
 
     def _one_by_one(self, miss: _Candidate, limit: float, kind: str,
                     floor: float) -> list[_Candidate]:
         """From ``miss`` on, release what it keeps saved one item at a time, least runtime
         per byte first: bisect the smallest count whose cut meets ``limit`` (stopping early
         at one above ``floor``); the probes that meet it."""
-        index, nodes = self.graph.index, self.graph.nodes
         released = set(miss.released)
-        order = sorted((name for name in self.items if name not in released),
-                       key=lambda name: (_per_byte(nodes[index[name]]), self._position[name]))
+        order = self._orders.get(miss.released)
+        if order is None:
+            order = self._orders[miss.released] = self._release_order(released)
         found: list[_Candidate] = []
         good, bad = len(order), 0  # releasing order[:good] meets the limit (everything does)
         while good - bad > 1:
@@ -567,21 +610,27 @@ def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
         if optimal.measure(kind) <= limit:  # an ample cap makes no other cut
             return optimal
     measured = [(c, c.measure(kind)) for c in search.candidates()]
+    if kind == "peak_bytes":  # one pool for every cap: monotone
+        measured += [(c, c.measure(kind)) for c in search.peak_pool()]
     fitting = [c for c, m in measured if m <= limit]
     if not fitting and budget.kind == "fraction":  # torch's meaning, below every cut
         fewest = min(m for _, m in measured)
         return _best([c for c, m in measured if m == fewest])
     if not fitting:
-        least_candidate, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
+        least_candidate, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank, cm[0].path))
         what, verb = _UNREACHABLE_WORDS[kind]
         raise UnreachableMemoryBudgetError(what, int(limit), amount, least_candidate.label, verb)
-    if kind == "saved_bytes":  # every refined 1/32 answer the limit meets
+    if kind == "saved_bytes":
+        # Every refined 1/32 answer the limit meets, and every cut the refinements up to the
+        # next 1/32 limit tried that fits: a larger limit chooses among more (module doc,
+        # step 6).
         grid = [i for i in range(1, GRID) if search.fraction_limit(i / GRID) <= limit]
         fitting += [search.grid_answer(i) for i in grid]
-        if (grid and grid[-1] / GRID == budget.value and budget.kind == "fraction"
-                and budget.fraction_of == "span"):
-            return _best(fitting)  # a 1/32 fraction: its refined answer is among them
-    return _best(search.refine(limit, kind, fitting), kind)
+        for i in range(1, min(len(grid) + 1, GRID - 1) + 1):
+            fitting += [c for c in search.grid_probes(i) if c.saved_bytes <= limit]
+        if budget.kind == "saved_bytes":  # a byte cap: refined at its own limit too
+            return _best(search.refine(limit, kind, fitting), kind)
+    return _best(fitting, kind)
 
 
 def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: float | None = None,

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["CutFamily"]
 
+# Bounds taken from at most this many solved cuts on each side (the closest).
+BOUNDS = 4
+
 
 @dataclass(frozen=True)
 class _Solved:
@@ -72,7 +75,8 @@ class CutFamily:
         self.scaled = np.minimum(_scale(bare.capacities, infinite), INFINITE_CAPACITY)
         self.enabled = not takes_python_flow(int(bare.tails.size))
         self._solved: list[_Solved] = []
-        self._feasible: list[np.ndarray] = []   # ban masks known to have a finite cut
+        self._rows = np.zeros((0, (len(graph.nodes) + 7) // 8), dtype=np.uint8)
+        self._counts: list[int] = []            # bans per solved cut
         self.flows = self.reused = 0
 
     def cut(self, banned: dict[int, str]) -> CorePartition:
@@ -86,7 +90,8 @@ class CutFamily:
         sink_side = self._same_effect(mask)
         if sink_side is None:
             packed = np.packbits(mask)
-            if any(not (packed & ~known).any() for known in self._feasible):
+            rows = self._rows[:len(self._solved)]
+            if rows.shape[0] and (~(packed & ~rows).any(axis=1)).any():
                 sink_side = self._bounded(mask)
             else:  # the whole network, its paths of infinite edges checked first
                 infinite = np.isinf(network.capacities)
@@ -133,10 +138,19 @@ class CutFamily:
         ban_flow = np.zeros(len(self.graph.nodes), dtype=np.int64)
         ours = (row.indices >= 2) & (row.indices % 2 == 0)
         ban_flow[(row.indices[ours] - 2) // 2] = row.data[ours]
-        self._solved.append(_Solved(mask, np.packbits(mask), sink_side, ban_flow))
-        self._feasible.append(np.packbits(mask))
+        self._keep(_Solved(mask, np.packbits(mask), sink_side, ban_flow))
         self.flows += 1
         return sink_side
+
+    def _keep(self, solved: _Solved) -> None:
+        if len(self._solved) == self._rows.shape[0]:  # grow the packed-mask table
+            grown = np.zeros((max(16, 2 * self._rows.shape[0]), solved.packed.size),
+                             dtype=np.uint8)
+            grown[:len(self._solved)] = self._rows[:len(self._solved)]
+            self._rows = grown
+        self._rows[len(self._solved)] = solved.packed
+        self._counts.append(int(solved.banned.sum()))
+        self._solved.append(solved)
 
     # ---- bounded solves ------------------------------------------------------------------
 
@@ -149,11 +163,15 @@ class CutFamily:
         fixed_source[2 + 2 * np.flatnonzero(mask)] = True
         fixed_sink[SINK] = True
         packed = np.packbits(mask)
-        for solved in self._solved:
-            if not (solved.packed & ~packed).any():    # a subset: its source side holds
-                fixed_source |= ~solved.sink_side
-            if not (packed & ~solved.packed).any():    # a superset: its sink side holds
-                fixed_sink |= solved.sink_side
+        rows = self._rows[:len(self._solved)]
+        subsets = np.flatnonzero(~(rows & ~packed).any(axis=1))
+        supersets = np.flatnonzero(~(packed & ~rows).any(axis=1))
+        # The closest few on each side (most bans below, fewest above): every one is a valid
+        # bound, the closest are the tightest.
+        for k in sorted(subsets.tolist(), key=lambda k: -self._counts[k])[:BOUNDS]:
+            fixed_source |= ~self._solved[k].sink_side
+        for k in sorted(supersets.tolist(), key=lambda k: self._counts[k])[:BOUNDS]:
+            fixed_sink |= self._solved[k].sink_side
         if (fixed_source & fixed_sink).any():
             raise AssertionError("cut family: nested cuts disagree")
         free = ~(fixed_source | fixed_sink)
@@ -163,8 +181,7 @@ class CutFamily:
         else:
             sink_side = fixed_sink | self._solve_between(fixed_source, fixed_sink, free)
             self.flows += 1
-        self._solved.append(_Solved(mask, np.packbits(mask), sink_side, None))
-        self._feasible.append(np.packbits(mask))
+        self._keep(_Solved(mask, np.packbits(mask), sink_side, None))
         return sink_side
 
     def _solve_between(self, fixed_source: np.ndarray, fixed_sink: np.ndarray,
