@@ -47,13 +47,34 @@ The search, runtime-aware:
    unless the refinement finds none**: (b) then showed that, along its order, keeping one item
    more saved misses the limit while releasing it drops below the floor. The floor of any
    other budget (a cap, a fraction off the 1/32 grid) is 1/1024 of the candidates' range below
-   its limit (REFINE_STEPS).
-6. Monotone and deterministic: a byte budget also takes the refined answer of every fraction
-   i/32 whose limit it meets (each a fixed function of the graph and options, cached), so
-   answers at the 1/32 fractions are monotone (a larger fraction never saves fewer bytes nor
-   recomputes more) and no budget does worse than the 1/32 fractions below it. A cap's or an
-   off-grid fraction's own refinement only improves on that; the cuts tried are memoized, but
-   an answer never depends on the calls made before.
+   its limit (REFINE_STEPS). Only byte caps (and the 1/32 fractions) refine at their own limit;
+   see step 6 for the other budgets.
+6. Monotone and deterministic. A byte budget (a fraction in either meaning, or a cap) chooses
+   among the fixed candidates, the refined answer of every fraction i/32 whose limit it meets,
+   and every cut the refinements of those fractions and of the next one above tried that fits
+   (the pool: a fixed function of the graph and options, cached). A larger limit meets
+   everything a smaller one does, so it never answers with more recompute runtime: fractions
+   are monotone by construction. A byte cap also refines at its own limit (step 5), which can
+   only do better than its pool; so a larger cap never recomputes more than a smaller cap's
+   pool answer, but a smaller cap's own refinement may find a cut the larger one's does not
+   (byte caps are monotone up to that refinement). A peak cap chooses among the fixed
+   candidates and one pool of PEAK_STEPS cuts, the same for every cap: the runtime-optimal cut
+   with k/PEAK_STEPS of its items released, least runtime per byte first (no per-cap
+   refinement): monotone by construction. The cuts tried are memoized, but an answer never
+   depends on the calls made before.
+
+What a search costs. Every cut is a min cut of the same network under other bans, solved
+through ``cut_family.CutFamily``: on the network contracted between the closest solved cuts
+whose bans are a subset and a superset of the new ones (nested bans give nested cuts), or not
+at all when an earlier whole-network flow stays maximal under the new bans; the answer is the
+one a fresh min cut gives. A fraction i/32 or a byte budget makes at most 35 fixed cuts, then
+for each 1/32 limit up to the next one above it at most REPAIR_TRIES + log2(items) refinement
+cuts, and only where no fixed candidate lands between the limit and the one below (a 1/32
+fraction's refinements also serve every other budget: one search per graph and options). A
+peak cap makes the fixed cuts and PEAK_STEPS nested ones, and simulates each (timeline.py: a
+pass over the graph per cut). The number of cuts does not depend on the graph's size; each costs
+a max-flow on what is left open plus a few passes over the network's arrays
+(benchmarks/RESULTS-core-budget.md has the 50,000-node shapes).
 """
 
 from __future__ import annotations
