@@ -111,6 +111,102 @@ def chain(forward: int = 25_000, kinds: int = 7) -> CoreGraph:
     return CoreGraph(tuple(nodes))
 
 
+def sparse_chain(forward: int = 25_000, every: int = 100, nbytes: int = 4096) -> CoreGraph:
+    """Issue 51's chain: uniform runtimes and bytes, every ``every``-th forward value read by the
+    backward (2 * forward + 2 nodes)."""
+    nodes = [CoreNode("x", nbytes=nbytes, category="input", forward=True)]
+    prev = "x"
+    for i in range(forward):
+        nodes.append(CoreNode(f"f{i}", (prev,), nbytes=nbytes, category="pointwise",
+                              forward=True, runtime=1.0))
+        prev = f"f{i}"
+    nodes.append(CoreNode("g", nbytes=nbytes, category="tangent", in_backward=True))
+    back = "g"
+    for i in reversed(range(forward)):
+        reads = (back, f"f{i}") if i % every == 0 else (back,)
+        nodes.append(CoreNode(f"b{i}", reads, nbytes=nbytes, category="pointwise",
+                              in_backward=True, backward=i == 0))
+        back = f"b{i}"
+    return CoreGraph(tuple(nodes))
+
+
+def random_dag(forward: int = 25_000, seed: int = 0, window: int = 50) -> CoreGraph:
+    """A random training step: each forward node reads 1 to 3 of the 50 values before it (4
+    categories, 4 sizes, runtimes 0 to 20); each backward node reads the backward value before
+    it, half of them a forward value too, mirrored (2 * forward + 3 nodes)."""
+    import random
+
+    rng = random.Random(seed)
+    categories = ["pointwise", "compute", "reduction", "view"]
+    nodes = [CoreNode("x", nbytes=1024, category="input", forward=True),
+             CoreNode("p", nbytes=4096, category="parameter", forward=True)]
+    fw = ["x", "p"]
+    for i in range(forward):
+        reads = tuple(sorted({rng.choice(fw[-window:]) for _ in range(rng.randint(1, 3))}))
+        nodes.append(CoreNode(f"f{i}", reads, nbytes=rng.choice([64, 256, 1024, 4096]),
+                              category=rng.choice(categories), forward=True,
+                              runtime=float(rng.choice([0, 1, 2, 5, 20]))))
+        fw.append(f"f{i}")
+    nodes.append(CoreNode("g", nbytes=64, category="tangent", in_backward=True))
+    back = "g"
+    for i in range(forward):
+        reads = {back, fw[-1 - i]} if rng.random() < 0.5 else {back}
+        nodes.append(CoreNode(f"b{i}", tuple(sorted(reads)), nbytes=rng.choice([64, 1024]),
+                              category=rng.choice(categories), in_backward=True,
+                              backward=i == forward - 1))
+        back = f"b{i}"
+    return CoreGraph(tuple(nodes))
+
+
+LARGE_SHAPES = {
+    "chain, every 100th value read (issue 51)": sparse_chain,
+    "chain, 7 runtime kinds, every value read": chain,
+    "deep MLP, 6,250 layers": lambda: deep_mlp(6250),
+    "random DAG": random_dag,
+}
+LARGE_BUDGETS = ("0.0", "0.2", "0.5", "0.8", "1.0", "byte cap", "peak cap")
+
+
+def large(shapes: list[str] | None = None) -> list[str]:
+    """One ``partition_under_budget`` call per cell on a fresh 50,000-node graph (building not
+    timed): CPU seconds (process time) and wall seconds. The byte cap is 37% of the way from
+    the least saved bytes to the runtime-optimal cut's, the peak cap 95% of the runtime-optimal
+    cut's simulated peak (both found on another copy, not timed; a refusal is timed too)."""
+    lines = ["| graph | nodes | budget | CPU s | wall s | min cuts run | cuts reused | answer |",
+             "|---|---:|---|---:|---:|---:|---:|---|"]
+    for label, make in LARGE_SHAPES.items():
+        if shapes and not any(s in label for s in shapes):
+            continue
+        probe = make()
+        low = partition_under_budget(probe, fraction=0.0)
+        high = partition_under_budget(probe, fraction=1.0)
+        byte_cap = int(low.saved_bytes + 0.37 * (high.saved_bytes - low.saved_bytes))
+        peak_cap = int(0.95 * high.peak_bytes)
+        del probe
+        for budget in LARGE_BUDGETS:
+            kwargs: dict[str, float] = (
+                {"max_saved_bytes": byte_cap} if budget == "byte cap" else
+                {"max_peak_bytes": peak_cap} if budget == "peak cap" else
+                {"fraction": float(budget)})
+            graph = make()
+            cpu, wall = time.process_time(), time.perf_counter()
+            try:
+                answer = partition_under_budget(graph, **kwargs)  # type: ignore[arg-type]
+                said = answer.label
+            except Exception as exc:  # noqa: BLE001 - a refusal is an answer too
+                said = f"{type(exc).__name__}"
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            flows = reused = 0
+            for key, value in graph._cache.items():
+                if isinstance(key, tuple) and key[0] == "core-budget":
+                    for family in getattr(value, "_families", {}).values():
+                        flows, reused = flows + family.flows, reused + family.reused
+            lines.append(f"| {label} | {len(graph.nodes)} | {budget} | {cpu:.2f} | {wall:.2f} | "
+                         f"{flows} | {reused} | {said} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def gpt32_core_graphs() -> tuple[list[dict], list[dict]]:
     """GPT-32's core graph as plain dicts: (as the fx adapter gives it, with runtimes)."""
     import copy
@@ -177,9 +273,8 @@ def scale(repeats: int) -> list[str]:
         lines += [timed(lambda: CoreGraph.from_dicts(plain), "GPT-32 core graph (adapter)"),
                   timed(lambda: CoreGraph.from_dicts(with_runtimes),
                         "GPT-32 core graph + roofline runtimes")]
-    sys.path.insert(0, str(HERE.parent / "tests" / "aot_partition"))
     sys.path.insert(0, str(HERE.parent / "tests"))
-    from test_core_budget_resolution import (  # type: ignore[import-not-found]
+    from jaxpr_graphs import (  # type: ignore[import-not-found]
         policy_cut,
         transformer_step,
     )
@@ -204,9 +299,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--results", action="store_true",
                         help="write benchmarks/RESULTS-core-budget.md")
+    parser.add_argument("--large", nargs="*", metavar="SHAPE",
+                        help="only the 50,000-node shapes (issue 51), all or those whose "
+                             "label contains a SHAPE word, at 5 fractions and 2 caps (printed)")
     parser.add_argument("--scale", action="store_true",
                         help="only the 50,000-node chain, GPT-32 and dots_saveable (printed)")
     args = parser.parse_args()
+    if args.large is not None:
+        partition_under_budget(deep_mlp(2), fraction=0.5)  # scipy's first import, not timed
+        large(args.large)
+        return
     if args.scale:
         partition_under_budget(deep_mlp(2), fraction=0.5)  # scipy's first import, not timed
         print("\n".join(scale(args.repeats)))

@@ -134,7 +134,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # core/: the graph-agnostic core on plain data (numpy/scipy only)
     ("core.milp_limits", "core.sparse_rows", "core.mincut", "core.mincut_small", "core.mincut_scipy",
      "core.knapsack", "core.graph", "core.ilp_graph", "core.offload_milp", "core.rules",
-     "core.load", "core.timeline", "core.report", "core.budget", "core"),
+     "core.load", "core.timeline", "core.report", "core.cut_family", "core.budget", "core"),
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
     # collectives (they may import each other; the cycle test keeps them acyclic)
     ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives"),

@@ -47,13 +47,34 @@ The search, runtime-aware:
    unless the refinement finds none**: (b) then showed that, along its order, keeping one item
    more saved misses the limit while releasing it drops below the floor. The floor of any
    other budget (a cap, a fraction off the 1/32 grid) is 1/1024 of the candidates' range below
-   its limit (REFINE_STEPS).
-6. Monotone and deterministic: a byte budget also takes the refined answer of every fraction
-   i/32 whose limit it meets (each a fixed function of the graph and options, cached), so
-   answers at the 1/32 fractions are monotone (a larger fraction never saves fewer bytes nor
-   recomputes more) and no budget does worse than the 1/32 fractions below it. A cap's or an
-   off-grid fraction's own refinement only improves on that; the cuts tried are memoized, but
-   an answer never depends on the calls made before.
+   its limit (REFINE_STEPS). Only byte caps (and the 1/32 fractions) refine at their own limit;
+   see step 6 for the other budgets.
+6. Monotone and deterministic. A byte budget (a fraction in either meaning, or a cap) chooses
+   among the fixed candidates, the refined answer of every fraction i/32 whose limit it meets,
+   and every cut the refinements of those fractions and of the next one above tried that fits
+   (the pool: a fixed function of the graph and options, cached). A larger limit meets
+   everything a smaller one does, so it never answers with more recompute runtime: fractions
+   are monotone by construction. A byte cap also refines at its own limit (step 5), which can
+   only do better than its pool; so a larger cap never recomputes more than a smaller cap's
+   pool answer, but a smaller cap's own refinement may find a cut the larger one's does not
+   (byte caps are monotone up to that refinement). A peak cap chooses among the fixed
+   candidates and one pool of PEAK_STEPS cuts, the same for every cap: the runtime-optimal cut
+   with k/PEAK_STEPS of its items released, least runtime per byte first (no per-cap
+   refinement): monotone by construction. The cuts tried are memoized, but an answer never
+   depends on the calls made before.
+
+What a search costs. Every cut is a min cut of the same network under other bans, solved
+through ``cut_family.CutFamily``: on the network contracted between the closest solved cuts
+whose bans are a subset and a superset of the new ones (nested bans give nested cuts), or not
+at all when an earlier whole-network flow stays maximal under the new bans; the answer is the
+one a fresh min cut gives. A fraction i/32 or a byte budget makes at most 35 fixed cuts, then
+for each 1/32 limit up to the next one above it at most REPAIR_TRIES + log2(items) refinement
+cuts, and only where no fixed candidate lands between the limit and the one below (a 1/32
+fraction's refinements also serve every other budget: one search per graph and options). A
+peak cap makes the fixed cuts and PEAK_STEPS nested ones, and simulates each (timeline.py: a
+pass over the graph per cut). The number of cuts does not depend on the graph's size; each costs
+a max-flow on what is left open plus a few passes over the network's arrays
+(benchmarks/RESULTS-core-budget.md has the 50,000-node shapes).
 """
 
 from __future__ import annotations
@@ -78,7 +99,6 @@ from .graph import (
     check_release,
     default_save_costs,
     distances_from_backward,
-    partition,
     partition_banned,
 )
 from .knapsack import KNAPSACK_SOLVERS, get_knapsack_solver
@@ -102,6 +122,9 @@ FRACTION_OF = ("span", "runtime_optimal")
 # A refinement stops within 1/REFINE_STEPS of the measure's range below its limit.
 REFINE_STEPS = 1024
 REPAIR_TRIES = 8
+# A peak cap's pool: the runtime-optimal cut with 1/PEAK_STEPS, 2/PEAK_STEPS, ... of its items
+# released (least runtime per byte first).
+PEAK_STEPS = 16
 _PROBE_RANK = 1 << 30  # after every fixed candidate; ties among probes: by released items
 RUNTIME_BAN = "recomputing it costs runtime {runtime:g}"
 # The label of the recompute-everything cut priced by the byte measure (the fewest bytes).
@@ -224,6 +247,9 @@ class _Search:
         self.graph, self.release, self.knapsack, self.options = graph, list(release), knapsack, \
             options
         self._base_bans: dict[int, str] | None = None
+        self._base_ban_order = np.zeros(0, dtype=np.int64)
+        self._base_ban_whys: list[str] = []
+        self._families: dict[bool, Any] = {}
         self.runtimes = np.array([node.runtime for node in graph.nodes], dtype=np.float64)
         costs = default_save_costs(graph, recompute_views=options["recompute_views"],
                                    parameters_are_free=options["parameters_are_free"])
@@ -247,36 +273,62 @@ class _Search:
         # Cuts by released set: the fixed candidates and every refinement's probes.
         self._cuts: dict[tuple[str, ...], _Candidate] = {(): self.optimal}
         self._grid: dict[int, _Candidate] = {}     # i -> the refined answer at fraction i/32
+        self._grid_tried: dict[int, list[_Candidate]] = {}  # i -> the cuts its refinement tried
+        self._tried: list[_Candidate] | None = None
+        self._peak_pool: list[_Candidate] | None = None
+        self._orders: dict[tuple[str, ...], list[str]] = {}  # a miss's release order
+        self._per_byte_order: list[str] | None = None
         self._tolerances: dict[str, float] = {}
 
     def _candidate(self, label: str, rank: int, released: tuple[str, ...],
                    path: tuple[int, ...] = (), priced_by_bytes: bool = False,
                    also_banned: Mapping[int, str] | None = None) -> _Candidate:
-        if self.options["rules"] and not (priced_by_bytes or also_banned):
-            # graph-wide rules re-read which nodes are banned
-            result = partition(self.graph, bans=self.bans, release=[*self.release, *released],
-                               **self.options)
-        else:
-            if self.options["rules"]:
-                banned = ban_reasons(self.graph, bans=self.bans,
-                                     release=[*self.release, *released],
-                                     rules=self.options["rules"],
-                                     max_dist_from_bw=self.options["max_dist_from_bw"])
-            else:  # the runtime-optimal cut's bans less the released nodes: no re-resolving
-                if self._base_bans is None:
-                    self._base_bans = ban_reasons(self.graph, bans=self.bans,
-                                                  release=self.release)
-                gone = {self.graph.index[name] for name in released}
-                banned = {i: why for i, why in self._base_bans.items() if i not in gone}
-            if also_banned:
-                banned = dict(sorted({**also_banned, **banned}.items()))
-            result = partition_banned(self.graph, banned, solver=self.options["solver"],
-                                      recompute_views=self.options["recompute_views"],
-                                      parameters_are_free=self.options["parameters_are_free"],
-                                      priced_by_bytes=priced_by_bytes)
+        if self.options["rules"]:  # graph-wide rules re-read which nodes are banned
+            banned = ban_reasons(self.graph, bans=self.bans, release=[*self.release, *released],
+                                 rules=self.options["rules"],
+                                 max_dist_from_bw=self.options["max_dist_from_bw"])
+        else:  # the runtime-optimal cut's bans less the released nodes: no re-resolving
+            if self._base_bans is None:
+                self._base_bans = ban_reasons(self.graph, bans=self.bans, release=self.release)
+                self._base_ban_order = np.fromiter(self._base_bans, dtype=np.int64,
+                                                   count=len(self._base_bans))
+                self._base_ban_whys = list(self._base_bans.values())
+            kept = np.ones(len(self.graph.nodes), dtype=bool)
+            index = self.graph.index
+            kept[np.fromiter(map(index.__getitem__, released), dtype=np.int64,
+                             count=len(released))] = False
+            keep = kept[self._base_ban_order]
+            whys = self._base_ban_whys
+            banned = dict(zip(self._base_ban_order[keep].tolist(),
+                              [whys[k] for k in np.flatnonzero(keep).tolist()]))
+        if also_banned:
+            banned = dict(sorted({**also_banned, **banned}.items()))
+        result = self._cut(banned, priced_by_bytes)
         runtime = float(self.runtimes[recomputed_mask(result)].sum())
         return _Candidate(label, rank, result, released, _saved_bytes(result, self.options),
                           runtime, path)
+
+    def _cut(self, banned: dict[int, str], priced_by_bytes: bool) -> CorePartition:
+        """``partition_banned`` with this search's options; with the scipy solver through a
+        CutFamily per pricing (cut_family.py: the same cut, solved on what earlier cuts leave
+        open, or reused)."""
+        family = self._families.get(priced_by_bytes)
+        if family is None and self.options["solver"] == "scipy":
+            try:
+                from .cut_family import CutFamily
+            except ModuleNotFoundError:  # no scipy: the solver falls back by itself
+                pass
+            else:
+                family = self._families[priced_by_bytes] = CutFamily(
+                    self.graph, recompute_views=self.options["recompute_views"],
+                    parameters_are_free=self.options["parameters_are_free"],
+                    priced_by_bytes=priced_by_bytes)
+        if family is not None:
+            return family.cut(banned)
+        return partition_banned(self.graph, banned, solver=self.options["solver"],
+                                recompute_views=self.options["recompute_views"],
+                                parameters_are_free=self.options["parameters_are_free"],
+                                priced_by_bytes=priced_by_bytes)
 
     def candidates(self) -> list[_Candidate]:
         """Every fixed candidate, the runtime-optimal first (see the module doc)."""
@@ -371,11 +423,35 @@ class _Search:
             start = [c for c in self.candidates() if c.saved_bytes <= limit]
             start += [self.grid_answer(j) for j in range(1, i)]
             floor = self.fraction_limit(BUDGET_FRACTIONS[GRID - i + 1])
-            found = self._grid[i] = _best(self.refine(limit, "saved_bytes", start, floor))
+            tried: list[_Candidate] = []
+            self._tried = tried
+            try:
+                found = self._grid[i] = _best(self.refine(limit, "saved_bytes", start, floor))
+            finally:
+                self._tried = None
+            self._grid_tried[i] = tried
         return found
 
+    def grid_probes(self, i: int) -> list[_Candidate]:
+        """Every cut the refinement of fraction i/32 tried, meeting its limit or not (module
+        doc, step 6): what a byte budget at or below that limit also chooses among."""
+        self.grid_answer(i)
+        return self._grid_tried[i]
+
+    def peak_pool(self) -> list[_Candidate]:
+        """The cuts a peak cap chooses among besides the fixed candidates, the same for every
+        cap (so a larger cap never answers worse): from the runtime-optimal cut, its items
+        released one at a time, least runtime per byte first, cut after each 1/PEAK_STEPS of
+        them (nested ban sets: the cut family solves each on what the last one left open)."""
+        if self._peak_pool is None:
+            order = self._release_order(set())
+            counts = sorted({max(1, round(k * len(order) / PEAK_STEPS))
+                             for k in range(1, PEAK_STEPS + 1)}) if order else []
+            self._peak_pool = [self._probe(set(order[:m])) for m in counts]
+        return self._peak_pool
+
     def refine(self, limit: float, kind: str, fitting: list[_Candidate],
-               floor: float | None = None) -> list[_Candidate]:
+               floor: float | None = None, repair: bool = True) -> list[_Candidate]:
         """``fitting`` (candidates that meet ``limit``, at least one) and the cuts refining
         finds when the best of them measures ``floor`` or less (default: 1/1024 of the
         candidates' range below ``limit``) and a candidate with less recompute misses the
@@ -390,7 +466,7 @@ class _Search:
         if not better:
             return fitting
         miss = min(better, key=lambda c: (c.measure(kind), c.recompute_runtime, c.rank))
-        found = fitting + self._repair(miss, limit, kind, floor)
+        found = fitting + (self._repair(miss, limit, kind, floor) if repair else [])
         if _best(found, kind).measure(kind) <= floor:
             found += self._one_by_one(miss, limit, kind, floor)
         return found
@@ -403,17 +479,28 @@ class _Search:
             candidate = self._cuts[key] = self._candidate(
                 f"refined: {len(key)} of {len(self.items)} items released", _PROBE_RANK, key,
                 tuple(self._position[n] for n in key))
+        if self._tried is not None:
+            self._tried.append(candidate)
         return candidate
+
+    def _release_order(self, released: set[str]) -> list[str]:
+        """The items not in ``released``, least runtime per byte first, then graph order."""
+        if self._per_byte_order is None:
+            index, nodes = self.graph.index, self.graph.nodes
+            self._per_byte_order = sorted(
+                self.items, key=lambda name: (_per_byte(nodes[index[name]]),
+                                              self._position[name]))
+        return [name for name in self._per_byte_order if name not in released]
 
     def _one_by_one(self, miss: _Candidate, limit: float, kind: str,
                     floor: float) -> list[_Candidate]:
         """From ``miss`` on, release what it keeps saved one item at a time, least runtime
         per byte first: bisect the smallest count whose cut meets ``limit`` (stopping early
         at one above ``floor``); the probes that meet it."""
-        index, nodes = self.graph.index, self.graph.nodes
         released = set(miss.released)
-        order = sorted((name for name in self.items if name not in released),
-                       key=lambda name: (_per_byte(nodes[index[name]]), self._position[name]))
+        order = self._orders.get(miss.released)
+        if order is None:
+            order = self._orders[miss.released] = self._release_order(released)
         found: list[_Candidate] = []
         good, bad = len(order), 0  # releasing order[:good] meets the limit (everything does)
         while good - bad > 1:
@@ -544,21 +631,27 @@ def _choose(search: _Search, budget: CoreBudget) -> _Candidate:
         if optimal.measure(kind) <= limit:  # an ample cap makes no other cut
             return optimal
     measured = [(c, c.measure(kind)) for c in search.candidates()]
+    if kind == "peak_bytes":  # one pool for every cap: monotone
+        measured += [(c, c.measure(kind)) for c in search.peak_pool()]
     fitting = [c for c, m in measured if m <= limit]
     if not fitting and budget.kind == "fraction":  # torch's meaning, below every cut
         fewest = min(m for _, m in measured)
         return _best([c for c, m in measured if m == fewest])
     if not fitting:
-        least_candidate, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank))
+        least_candidate, amount = min(measured, key=lambda cm: (cm[1], cm[0].rank, cm[0].path))
         what, verb = _UNREACHABLE_WORDS[kind]
         raise UnreachableMemoryBudgetError(what, int(limit), amount, least_candidate.label, verb)
-    if kind == "saved_bytes":  # every refined 1/32 answer the limit meets
+    if kind == "saved_bytes":
+        # Every refined 1/32 answer the limit meets, and every cut the refinements up to the
+        # next 1/32 limit tried that fits: a larger limit chooses among more (module doc,
+        # step 6).
         grid = [i for i in range(1, GRID) if search.fraction_limit(i / GRID) <= limit]
         fitting += [search.grid_answer(i) for i in grid]
-        if (grid and grid[-1] / GRID == budget.value and budget.kind == "fraction"
-                and budget.fraction_of == "span"):
-            return _best(fitting)  # a 1/32 fraction: its refined answer is among them
-    return _best(search.refine(limit, kind, fitting), kind)
+        for i in range(1, min(len(grid) + 1, GRID - 1) + 1):
+            fitting += [c for c in search.grid_probes(i) if c.saved_bytes <= limit]
+        if budget.kind == "saved_bytes":  # a byte cap: refined at its own limit too
+            return _best(search.refine(limit, kind, fitting), kind)
+    return _best(fitting, kind)
 
 
 def partition_under_budget(graph: CoreGraph | Iterable[CoreNode], *, fraction: float | None = None,
