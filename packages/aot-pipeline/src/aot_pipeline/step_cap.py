@@ -357,11 +357,11 @@ class StepCap:
         if k > 1:
             lead += (f"; the earlier graphs hold {offset / MIB:.1f} MiB through graph "
                      f"{k} (a graph break keeps their saved activations alive)")
-            held = sum(g.saved_bytes or 0 for g in self.graphs[:k - 1])
-            room = held - (floor - cap)
-            if held and room >= 0:
+            saved = sum(g.saved_bytes or 0 for g in self.graphs[:k - 1])
+            room = saved - (floor - cap)
+            if saved and room >= 0:
                 lead += (f": graph {k} would fit if they saved {room / MIB:.1f} MiB instead of "
-                         f"{held / MIB:.1f} MiB, but their graphs were partitioned first, each "
+                         f"{saved / MIB:.1f} MiB, but their graphs were partitioned first, each "
                          "the fastest within its share of the cap, and have run (a lower cap "
                          "makes them save less)")
         why = f"{lead}" + (f" ({'; '.join(blocks)})" if blocks else "")
