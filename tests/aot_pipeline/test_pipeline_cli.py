@@ -27,14 +27,19 @@ def test_train_prints_a_table_against_eager_and_inductor(tmp_path):
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("variant"))
     assert "saved activations" in lines[header] and "loss matches eager" in lines[header]
-    rows = {line.split()[0]: line for line in lines[header + 2:header + 5]}
-    assert set(rows) == {"eager", "inductor", "aot_pipeline"}
+    rows = {line.split()[0]: line for line in lines[header + 2:header + 6]}
+    assert set(rows) == {"eager", "inductor", "aot_pipeline", "aot_pipeline_capped"}
     assert all(row.rstrip().endswith("yes") for row in rows.values()), result.stdout
     assert "step/s" in result.stderr or "it/s" in result.stderr  # tqdm progress on stderr
     import json
 
     saved = json.loads((tmp_path / "train.json").read_text())["results"]
-    assert [r["variant"] for r in saved] == ["eager", "inductor", "aot_pipeline"]
+    assert [r["variant"] for r in saved] == ["eager", "inductor", "aot_pipeline",
+                                             "aot_pipeline_capped"]
+    # The capped row: ours under "0.8 peak" of the step, measured and predicted.
+    capped = saved[3]
+    assert capped["predicted_peak_bytes"] is not None and capped["step_peak_bytes"] > 0
+    assert "aot_pipeline_capped: ours under the peak cap '0.8 peak'" in result.stdout
     assert all(r["saved_bytes"] > 0 and len(r["losses"]) == 3 for r in saved)
 
 
@@ -182,7 +187,11 @@ def test_counts_budgets_and_variants_are_checked_before_torch_is_imported():
         (("pareto", "--budgets", "1,half"), "argument --budgets: memory_budget must be a number "
                                             "in [0, 1] such as 0.5, got 'half'"),
         (("train", "--variants", "eager,jax"), "argument --variants: unknown variant(s) jax; "
-                                               "choose from eager, inductor, aot_pipeline"),
+                                               "choose from eager, inductor, aot_pipeline, "
+                                               "aot_pipeline_capped"),
+        (("train", "--capped-budget", "0.5"), "argument --capped-budget: '0.5' is not a peak "
+                                              "cap: write a size or a fraction followed by "
+                                              "'peak', e.g. '0.8 peak' or '200MiB peak'"),
     ]
     for args, message in cases:
         code, imported, err = _probe(*args)

@@ -175,3 +175,69 @@ def test_the_refusal_pickles_whole():
                                      "the message", 2)
     again = copy.deepcopy(error)
     assert (str(again), again.graph, again.least, again.cap) == ("the message", 2, 20, 10)
+
+
+# ---- under a cap, the fastest plan that fits (issue 50, item 4's case, made small) -------------
+
+def _gpt_loss(module):
+    return lambda ids, labels: F.cross_entropy(module(ids).flatten(0, 1).float(),
+                                               labels.flatten())
+
+
+def _compile_gpt(model, budget, split=None):
+    torch._dynamo.reset()
+    return aot_pipeline.compile(_gpt_loss(model), memory_budget=budget, split=split)
+
+
+def _refused(model, budget, batch, split):
+    from aot_partition import UnreachableMemoryBudgetError
+
+    compiled = _compile_gpt(model, budget, split)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - torch.compile wraps it
+        compiled(*batch).backward()
+    error = caught.value
+    while error is not None and not isinstance(error, UnreachableMemoryBudgetError):
+        error = error.__cause__ or error.__context__
+    return error is not None
+
+
+def test_under_a_cap_auto_takes_the_fastest_plan_that_fits_the_fewest_chunks_no_recompute():
+    """aot_pipeline.models.GPT (vocab 2,048, dim 16, 1 layer, 2 x 128 tokens) under a cap at
+    70% of its uncapped step (issue 50, item 4 capped its GPT at 25%: "auto" then ran a plan 2.6x
+    slower than a split alone). Whole does not fit, nor the split in fewer chunks; "auto" takes
+    the fewest chunks that fit with the gradients made in the forward (no recompute, no matmul
+    more), holds the cap as measured, and equals eager."""
+    from aot_pipeline.models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(vocab=2048, dim=16, heads=2, layers=1, seq=128)
+    eager = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 2048, (2, 128), generator=g)
+    labels = torch.randint(0, 2048, (2, 128), generator=g)
+    whole = _compile_gpt(model, None)
+    whole(ids, labels).backward()
+    model.zero_grad(set_to_none=True)
+    base = measure_peak(lambda: whole(ids, labels).backward()).peak_bytes
+    inputs = sum(p.numel() * 4 for p in model.parameters()) + 2 * ids.numel() * 8
+    cap = f"{inputs + int(0.7 * base)}B peak"
+
+    model.zero_grad(set_to_none=True)
+    compiled = _compile_gpt(model, cap)
+    loss = compiled(ids, labels)
+    loss.backward()
+    plan = [(d.chunks, d.mode, d.site.kind) for d in compiled.recorder.splits]
+    assert len(plan) == 1 and plan[0][1:] == ("forward_grads", "loss"), plan
+    chunks = plan[0][0]
+    want = _gpt_loss(eager)(ids, labels)
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+    model.zero_grad(set_to_none=True)
+    measured = measure_peak(lambda: compiled(ids, labels).backward()).peak_bytes
+    assert inputs + measured <= inputs + int(0.7 * base)
+    # Nothing faster fits: not the whole graph (recompute cannot reach the cap), nor fewer chunks.
+    assert _refused(model, cap, (ids, labels), split=False)
+    if chunks > 2:
+        assert _refused(model, cap, (ids, labels), split=chunks // 2)
