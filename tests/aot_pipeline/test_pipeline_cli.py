@@ -21,8 +21,10 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_train_prints_a_table_against_eager_and_inductor(tmp_path):
+    # Four variants, three of them each in a fresh process: more time than one command.
     result = run_cli("train", "--model", "mlp", "--layers", "1", "--steps", "3",
-                     "--memory-budget", "0.5", "--json", str(tmp_path / "train.json"))
+                     "--memory-budget", "0.5", "--json", str(tmp_path / "train.json"),
+                     timeout=540)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("variant"))
