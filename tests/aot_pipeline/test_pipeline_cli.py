@@ -31,18 +31,23 @@ def test_train_prints_a_table_against_eager_and_inductor(tmp_path):
     assert "saved activations" in lines[header] and "loss matches eager" in lines[header]
     rows = {line.split()[0]: line for line in lines[header + 2:header + 6]}
     assert set(rows) == {"eager", "inductor", "aot_pipeline", "aot_pipeline_capped"}
-    assert all(row.rstrip().endswith("yes") for row in rows.values()), result.stdout
+    assert all(row.rstrip().endswith("yes") for v, row in rows.items()
+               if v != "aot_pipeline_capped"), result.stdout
     assert "step/s" in result.stderr or "it/s" in result.stderr  # tqdm progress on stderr
     import json
 
     saved = json.loads((tmp_path / "train.json").read_text())["results"]
     assert [r["variant"] for r in saved] == ["eager", "inductor", "aot_pipeline",
                                              "aot_pipeline_capped"]
-    # The capped row: ours under "0.8 peak" of the step, measured and predicted.
+    # The capped row: ours under "0.8 peak" of the step. The MLP's step cannot peak that low
+    # (the loss runs outside the compiled model: nothing to split; recompute does not lower
+    # it): the row says refused, the refusal is printed under the table, the exit status is 0.
     capped = saved[3]
-    assert capped["predicted_peak_bytes"] is not None and capped["step_peak_bytes"] > 0
+    assert capped["refusal"].startswith("Inductor-modelled memory peak cap ")
+    assert rows["aot_pipeline_capped"].split()[1:3] == ["refused", "refused"]
+    assert f"aot_pipeline_capped: {capped['refusal']}" in result.stdout
     assert "aot_pipeline_capped: ours under the peak cap '0.8 peak'" in result.stdout
-    assert all(r["saved_bytes"] > 0 and len(r["losses"]) == 3 for r in saved)
+    assert all(r["saved_bytes"] > 0 and len(r["losses"]) == 3 for r in saved[:3])
 
 
 def test_partition_prints_saved_and_recomputed_with_reasons():
