@@ -143,6 +143,20 @@ def test_train_table_shows_peak_memory_only_when_measured():
     assert "peak CUDA memory" in table and "1.0 MiB" in table and table.endswith("NO")
 
 
+def test_the_capped_row_trains_ours_under_a_peak_cap_of_the_step():
+    """"aot_pipeline_capped": ours under ``capped_budget`` (a share of the uncapped step), the
+    losses equal eager's, and the measured and predicted step peaks are within the cap's share
+    of the uncapped row's."""
+    settings = TrainSettings(model="gpt", layers=1, steps=2, capped_budget="0.9 peak",
+                             variants=("eager", "aot_pipeline", "aot_pipeline_capped"))
+    eager, ours, capped = train_all(settings, progress=False)
+    assert capped.variant == "aot_pipeline_capped" and capped.matches_eager
+    assert capped.predicted_peak_bytes is not None
+    assert capped.predicted_peak_bytes <= ours.predicted_peak_bytes
+    assert capped.step_peak_bytes <= ours.step_peak_bytes * 1.02
+    assert settings.pipeline_options(capped=True).memory_peak_fraction == 0.9
+
+
 def test_train_table_shows_the_measured_and_predicted_step_peak():
     eager = TrainResult("eager", [1.0], 0.1, 0.01, 2048, matches_eager=True,
                         step_peak_bytes=3 * 2**20)
@@ -152,3 +166,12 @@ def test_train_table_shows_the_measured_and_predicted_step_peak():
     assert "step peak (measured)" in lines[0] and "step peak (predicted)" in lines[0]
     assert "3.0 MiB" in lines[2] and lines[2].split()[-2:] == ["-", "yes"]
     assert "1.0 MiB" in lines[3] and "1.5 MiB" in lines[3]
+
+
+def test_a_refused_capped_row_says_why_below_the_table():
+    eager = TrainResult("eager", [1.0], 0.1, 0.01, 2048, matches_eager=True)
+    refused = TrainResult("aot_pipeline_capped", [], float("nan"), float("nan"), None,
+                          refusal="step peak cap 10 bytes is unreachable: ...")
+    lines = train_table([eager, refused]).splitlines()
+    assert lines[3].split() == ["aot_pipeline_capped", *["refused"] * 4, "-"]
+    assert lines[4] == "aot_pipeline_capped: step peak cap 10 bytes is unreachable: ..."

@@ -39,7 +39,7 @@ class CompiledModel:
         self.model = model
         self.options = options
         self.recorder = PartitionRecorder(bypass_caches=record_partitions)
-        self.backend = make_backend(options, self.recorder, name=name)
+        self.backend = make_backend(options, self.recorder, name=name, model=model)
         self.compiled = torch.compile(model, backend=self.backend, dynamic=dynamic)
         self._dynamic = dynamic
 

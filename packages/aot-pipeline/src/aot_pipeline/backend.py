@@ -18,6 +18,7 @@ the same ``compile_fx`` config patches ``backend="inductor"`` uses.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import logging
 import sys
@@ -31,7 +32,7 @@ from typing import Any
 import torch.fx as fx
 from aot_partition.errors import FlagConflictError
 
-from . import _compat, torch_chunkers, transformers_logging
+from . import _compat, step_cap, torch_chunkers, transformers_logging
 from .gc_deferral import full_collections_deferred
 from .options import (
     BUDGET_OPTIONS,
@@ -154,9 +155,9 @@ def make_partition_fn(options: PipelineOptions,
         chunkers = torch_chunkers.describe(joint_module.graph)
         if chunkers is not None:
             log.info("%s", chunkers)
+        peak_bytes, peak_fraction = _step_share(options, joint_module, joint_inputs, kwargs)
         with _flags_of(options.memory_budget, options.solver, options.memory_budget_bytes,
-                       options.memory_budget_best_effort, options.memory_peak_bytes,
-                       options.memory_peak_fraction):
+                       options.memory_budget_best_effort, peak_bytes, peak_fraction):
             forward, backward = min_cut_rematerialization_partition(
                 joint_module, joint_inputs, **kwargs)
         if recorder is not None:
@@ -167,6 +168,44 @@ def make_partition_fn(options: PipelineOptions,
         return forward, backward
 
     return partition
+
+
+def step_context() -> step_cap.StepContext | None:
+    current = step_cap.current()
+    return None if current is None else current[0]
+
+
+def _step_share(options: PipelineOptions, joint: fx.GraphModule, inputs: Sequence[Any],
+                kwargs: dict[str, Any]) -> tuple[int | None, float | None]:
+    """The peak cap this joint is partitioned under: ``options``' own, or, under a step's
+    fraction cap (step_cap.py), this graph's share of it in bytes, from the joint's uncapped
+    cut priced once per graph (the first joint the graph's compile partitions: the whole
+    graph). The first graph of a step keeps the partitioner's fraction; its joint is kept,
+    to price it only if a later graph needs the step's uncapped reference."""
+    current = step_cap.current()
+    if current is None or current[0].step_fraction is None:
+        return options.memory_peak_bytes, options.memory_peak_fraction
+    context, sink = current
+    if sink.top is None and sink.joint is None:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # a joint may hold real tensor constants
+            kept = (copy.deepcopy(joint), list(inputs), dict(kwargs))
+        if context.partitioner_fraction:
+            sink.joint = kept
+        else:
+            model = "inductor" if options.compiler == "inductor" else "eager"
+            sink.top, sink.uncapped_saved = step_cap.uncapped_price(*kept, model)
+    if context.partitioner_fraction:
+        return options.memory_peak_bytes, options.memory_peak_fraction
+    assert sink.top is not None
+    sink.limit = max(0, context.graph_limit(sink.top))
+    log.info("step peak cap %g, graph %d: capped at %d bytes of its own (the uncapped step "
+             "so far peaks at %d bytes; %d bytes held beside this graph)",
+             context.step_fraction, context.graph, sink.limit,
+             max(context.reference_bytes, sink.top + context.offset_uncapped_bytes),
+             context.offset_bytes)
+    return sink.limit, None
 
 
 @cache
@@ -256,13 +295,14 @@ def partitioner_cache_key(memory_budget: float, solver: str,
 def _restore_partitioner(memory_budget: float, solver: str, key_when_pickled: object,
                          memory_budget_bytes: int | None = None,
                          best_effort: bool = False, peak_bytes: int | None = None,
-                         peak_fraction: float | None = None) -> AotPipelinePartitioner:
+                         peak_fraction: float | None = None,
+                         step: step_cap.StepContext | None = None) -> AotPipelinePartitioner:
     # The key rides in the pickle only so that a cache hashing the pickled config covers it;
     # a restored partitioner computes its own from the flags of the process it lands in.
     del key_when_pickled
     return AotPipelinePartitioner(memory_budget, solver, memory_budget_bytes=memory_budget_bytes,
                                   best_effort=best_effort, peak_bytes=peak_bytes,
-                                  peak_fraction=peak_fraction)
+                                  peak_fraction=peak_fraction, step=step)
 
 
 class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore[misc]
@@ -271,14 +311,18 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
     Inductor pickles its config into the FX graph cache key (and AOTAutograd's), this object
     included, and adds ``uuid()``: both stand for our sources, the budget, the solver and the
     partitioner flags (``partitioner_cache_key``), so a change to any of them is a cache miss.
-    The ``recorder`` is not pickled (it collects graphs in this process only).
+    The ``recorder`` is not pickled (it collects graphs in this process only). ``step``: the
+    share of a step's peak cap this graph gets (step_cap.py), in the key too: under a step's
+    fraction cap the partition depends on the graphs before it.
     """
 
     def __init__(self, memory_budget: float, solver: str,
                  recorder: PartitionRecorder | None = None, *,
                  memory_budget_bytes: int | None = None, best_effort: bool = False,
-                 peak_bytes: int | None = None, peak_fraction: float | None = None) -> None:
+                 peak_bytes: int | None = None, peak_fraction: float | None = None,
+                 step: step_cap.StepContext | None = None) -> None:
         self.memory_budget = memory_budget
+        self.step = step
         self.memory_budget_bytes = memory_budget_bytes
         self.best_effort = best_effort
         self.peak_bytes = peak_bytes
@@ -290,6 +334,8 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
                                                       best_effort, peak_bytes, peak_fraction)
         self._key = _cache_key(memory_budget, solver, memory_budget_bytes, best_effort,
                                flags_hash, self.config)
+        if step is not None:
+            self._key += (repr(step),)
         self._partition = make_partition_fn(
             PipelineOptions(memory_budget=memory_budget, solver=solver,
                             memory_budget_bytes=memory_budget_bytes,
@@ -306,7 +352,7 @@ class AotPipelinePartitioner(_compat.custom_partitioner_base()):  # type: ignore
     def __reduce__(self) -> tuple[Any, ...]:
         return (_restore_partitioner, (self.memory_budget, self.solver, self._key,
                                        self.memory_budget_bytes, self.best_effort,
-                                       self.peak_bytes, self.peak_fraction))
+                                       self.peak_bytes, self.peak_fraction, self.step))
 
     def __repr__(self) -> str:
         nbytes = (f", memory_budget_bytes={self.memory_budget_bytes}"
@@ -389,7 +435,8 @@ def _inductor_backend(options: PipelineOptions, recorder: PartitionRecorder | No
             float(options.memory_budget), options.solver, recorder,
             memory_budget_bytes=options.memory_budget_bytes,
             best_effort=options.memory_budget_best_effort,
-            peak_bytes=options.memory_peak_bytes, peak_fraction=options.memory_peak_fraction)
+            peak_bytes=options.memory_peak_bytes, peak_fraction=options.memory_peak_fraction,
+            step=step_context())
         config_patches = {**patches, "custom_partitioner_fn": partitioner}
         if recorder is not None and recorder.bypass_caches:
             # A cache hit (AOTAutograd's or Inductor's) skips partitioning and the recorder
@@ -464,7 +511,8 @@ def _region(name: str | None) -> dict[str, str]:
 
 def make_backend(options: PipelineOptions | Mapping[str, Any] | None = None,
                  recorder: PartitionRecorder | None = None, *,
-                 mode: str | None = None, name: str | None = None) -> Callable[..., CompiledGraph]:
+                 mode: str | None = None, name: str | None = None,
+                 model: Any = None) -> Callable[..., CompiledGraph]:
     """A torch.compile back end (``gm, example_inputs -> callable``) for ``options``.
 
     ``torch.compile(m, backend=make_backend(options, mode=mode))`` compiles as
@@ -475,16 +523,21 @@ def make_backend(options: PipelineOptions | Mapping[str, Any] | None = None,
     call-heavy Python slower (Dynamo's frame-evaluation hook is installed). The back end keeps
     its options in ``.options``. ``recorder`` collects each partitioned forward graph, to
     measure the bytes it saves. ``name`` is ``torch.compile``'s name of the compiled region
-    (Inductor's profiler labels, AOTAutograd's records; torch 2.13 on).
+    (Inductor's profiler labels, AOTAutograd's records; torch 2.13 on). A peak cap bounds the
+    whole step across the graphs this back end compiles (step_cap.py); ``model``, the
+    ``nn.Module`` compiled, lets the first graphs reserve the later graphs' parameters.
     """
     options = resolve_options(options, mode)
     region = _region(name)
     # Before Dynamo traces (here for compile() and make_backend users; per graph for the name):
     # else GPT-2's loss_function graph-breaks between the LM head and its loss.
     transformers_logging.ignore_loss_warning_in_dynamo()
+    # One back end compiles every graph of a step: a peak cap is the step's (step_cap.py).
+    step = step_cap.StepCap(options.memory_peak_bytes, options.memory_peak_fraction, model,
+                            "inductor" if options.compiler == "inductor" else "eager")
     if options.compiler == "inductor":
         backend = with_token_split(
-            options, recorder, lambda opts, rec: _inductor_backend(opts, rec, region))
+            options, recorder, lambda opts, rec: _inductor_backend(opts, rec, region), step)
         backend.reset = _reset  # type: ignore[attr-defined]
     else:
         graph_compiler = _graph_compiler(options.compiler)
@@ -503,7 +556,7 @@ def make_backend(options: PipelineOptions | Mapping[str, Any] | None = None,
 
             return backend
 
-        backend = with_token_split(options, recorder, aot_backend)
+        backend = with_token_split(options, recorder, aot_backend, step)
 
     backend.__name__ = f"aot_pipeline_{options.compiler}"
     backend.options = options  # type: ignore[attr-defined]

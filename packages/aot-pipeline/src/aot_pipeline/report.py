@@ -42,6 +42,9 @@ def train_table(results: Sequence[TrainResult]) -> str:
     headers.append("loss matches eager")
     rows = []
     for r in results:
+        if r.refusal is not None:  # the capped row, its cap unreachable: said below
+            rows.append([r.variant, *["refused"] * (len(headers) - 2), "-"])
+            continue
         row: list[Any] = [r.variant, f"{r.first_step_s:.2f}", f"{r.step_s * 1e3:.2f}",
                           f"{r.final_loss:.6f}", format_bytes(r.saved_bytes)]
         if show_step_peak:
@@ -50,7 +53,8 @@ def train_table(results: Sequence[TrainResult]) -> str:
             row.append(format_bytes(r.peak_memory_bytes))
         row.append("-" if r.matches_eager is None else ("yes" if r.matches_eager else "NO"))
         rows.append(row)
-    return format_table(headers, rows)
+    refusals = [f"{r.variant}: {r.refusal}" for r in results if r.refusal is not None]
+    return "\n".join([format_table(headers, rows), *refusals])
 
 
 def _cell(value: Any) -> str:

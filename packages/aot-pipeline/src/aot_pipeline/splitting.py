@@ -39,8 +39,10 @@ from typing import Any
 
 import torch.fx as fx
 
+from . import step_cap
 from .options import PipelineOptions
 from .recording import PartitionRecorder
+from .step_cap import StepCap
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +165,51 @@ def extra_recompute(record: PartitionRecorder) -> float | None:
 
 def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | None,
                      compiler_for: Callable[[PipelineOptions, PartitionRecorder | None],
-                                            GraphCompiler]) -> GraphCompiler:
+                                            GraphCompiler],
+                     step: StepCap | None = None) -> GraphCompiler:
     """A graph compiler that applies ``options.split`` before ``compiler_for(options, rec)``
-    (``rec``: the recorder its partitions go to)."""
+    (``rec``: the recorder its partitions go to). With ``step`` (a peak cap), each graph is
+    compiled under its share of the step's cap (step_cap.py) and an unreachable cap past the
+    first graph is refused for the step (``StepPeakUnreachableError``)."""
+    if step is None or not step.active:
+        return _split_compiler(options, recorder, compiler_for)
+
+    def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        from aot_partition.split.token_split import find_split_sites
+
+        sites, left = find_split_sites(gm)
+        graph = step.begin(gm, example_inputs, left,
+                           bool(sites) and options.split is not False)
+        limit = step.graph_peak_bytes(graph)
+        graph_options = options if limit is None else replace(
+            options, memory_peak_bytes=max(0, limit))
+        # The chosen compile's partitions, to hold its saved bytes against the later graphs.
+        local = PartitionRecorder(bypass_caches=recorder.bypass_caches
+                                  if recorder is not None else False)
+        with step_cap.compiling(graph.context, graph.sink):
+            try:
+                compiled = _split_compiler(graph_options, local, compiler_for)(gm, example_inputs)
+            except Exception as error:
+                unreachable = _unreachable(error)
+                if unreachable is None or not graph.part_of_many:
+                    raise
+                raise step.refusal(graph, unreachable) from error
+        step.commit(graph, local.partitions)
+        if recorder is not None:
+            for p in local.partitions:
+                recorder.record_forward(p.forward, p.backward, p.num_fwd_outputs,
+                                        p.static_input_indices, as_partitioned=p.as_partitioned)
+            recorder.splits.extend(local.splits)
+            recorder.split_left_alone.extend(local.split_left_alone)
+        return compiled
+
+    return compile_graph
+
+
+def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None,
+                    compiler_for: Callable[[PipelineOptions, PartitionRecorder | None],
+                                           GraphCompiler]) -> GraphCompiler:
+    """``with_token_split`` for one graph's options (``options.split`` applied)."""
     plain = compiler_for(options, recorder)
     probe_options = replace(options, memory_budget_best_effort=False)
 

@@ -14,7 +14,9 @@ losses of the three runs must agree up to float rounding. Each run records:
 - ``peak_memory_bytes``: peak CUDA memory allocated over the steps after the first (GPU only).
 - ``step_peak_bytes``: one more step's peak above what is allocated before it, measured (CPU:
   the profiler's allocation events); ``predicted_peak_bytes``: for aot_pipeline, the peak
-  ``CompiledModel.predicted_peak()`` predicts for that step.
+  ``CompiledModel.predicted_peak()`` predicts for that step. ``aot_pipeline_capped`` is ours
+  under the peak cap ``TrainSettings.capped_budget`` ("0.8 peak" unless given): the cap bounds
+  the whole step (step_cap.py), and both peaks say whether it held.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from torch import nn
 
 from . import _compat
-from .model_names import VARIANTS
+from .model_names import DEFAULT_CAP, VARIANTS
 from .models import BuiltModel
 from .options import PipelineOptionError, PipelineOptions
 from .recording import PartitionRecorder
@@ -61,10 +63,12 @@ class TrainResult:
     # for it (CompiledModel.predicted_peak(): every graph of the step, priced as partitioned).
     step_peak_bytes: int | None = None
     predicted_peak_bytes: int | None = None
+    # The capped row when its cap is unreachable: the refusal's message (no step ran).
+    refusal: str | None = None
 
     @property
     def final_loss(self) -> float:
-        return self.losses[-1]
+        return self.losses[-1] if self.losses else math.nan
 
 
 @dataclass
@@ -84,17 +88,22 @@ class TrainSettings:
     split: str | int | bool | None = None
     # The model to build (a user's model, see user_models.ModelSpec); None: built-in ``model``.
     model_spec: ModelSpec | None = None
+    # The peak cap of the "aot_pipeline_capped" row ("0.8 peak": a share of the uncapped
+    # step; or a size, "200MiB peak"): the step's peak bound across all its graphs.
+    capped_budget: str = DEFAULT_CAP
 
     def build(self, device: torch.device) -> BuiltModel:
         spec = self.model_spec or ModelSpec("builtin", self.model, layers=self.layers)
         return spec.build(device)
 
-    def pipeline_options(self) -> PipelineOptions:
+    def pipeline_options(self, capped: bool = False) -> PipelineOptions:
         """The options ``aot_pipeline`` variants compile with: the settings given, the rest
-        from the partitioner flags (a set flag contradicting a setting raises)."""
+        from the partitioner flags (a set flag contradicting a setting raises); ``capped``:
+        the "aot_pipeline_capped" row's, ``capped_budget`` in place of the memory budget."""
         from .backend import with_explicit_options
 
-        flagged = {"memory_budget": self.memory_budget, "solver": self.solver,
+        budget = self.capped_budget if capped else self.memory_budget
+        flagged = {"memory_budget": budget, "solver": self.solver,
                    "memory_budget_best_effort": self.memory_budget_best_effort,
                    "split": self.split}
         return with_explicit_options({
@@ -146,10 +155,11 @@ class _Runner:
             self.call: Callable[..., Any] = built.module
         elif variant == "inductor":
             self.call = torch.compile(built.module, backend=self._recording_inductor())
-        elif variant == "aot_pipeline":
+        elif variant in ("aot_pipeline", "aot_pipeline_capped"):
             from .api import CompiledModel
 
-            compiled = CompiledModel(built.module, settings.pipeline_options(), dynamic=None)
+            options = settings.pipeline_options(capped=variant == "aot_pipeline_capped")
+            compiled = CompiledModel(built.module, options, dynamic=None)
             self.recorder = compiled.recorder
             self.compiled = compiled
             self.call = compiled
@@ -191,7 +201,24 @@ def _synchronize(device: torch.device) -> None:
 
 
 def train_variant(variant: str, settings: TrainSettings, progress: bool = True) -> TrainResult:
-    """Train ``settings.model`` for ``settings.steps`` SGD steps as ``variant``."""
+    """Train ``settings.model`` for ``settings.steps`` SGD steps as ``variant``. The capped
+    row whose cap is unreachable comes back as a refusal (``TrainResult.refusal``: the
+    message naming the floor), not an error: the other rows still say what they measured."""
+    if variant != "aot_pipeline_capped":
+        return _train_variant(variant, settings, progress)
+    from aot_partition import UnreachableMemoryBudgetError
+
+    try:
+        return _train_variant(variant, settings, progress)
+    except Exception as error:
+        refused = next((e for e in _chain(error)
+                        if isinstance(e, UnreachableMemoryBudgetError)), None)
+        if refused is None:
+            raise
+        return TrainResult(variant, [], math.nan, math.nan, None, refusal=str(refused))
+
+
+def _train_variant(variant: str, settings: TrainSettings, progress: bool) -> TrainResult:
     device = check_device(settings.device)
     if settings.steps < 1:
         raise PipelineOptionError(f"steps must be >= 1, got {settings.steps}")
@@ -292,7 +319,8 @@ def train_all(settings: TrainSettings, progress: bool = True,
     eager = next((r for r in results if r.variant == "eager"), None)
     if eager is not None:
         for result in results:
-            result.matches_eager = losses_agree(result.losses, eager.losses)
+            if result.refusal is None:
+                result.matches_eager = losses_agree(result.losses, eager.losses)
     return results
 
 
