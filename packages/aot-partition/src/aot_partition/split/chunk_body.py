@@ -29,7 +29,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 log = logging.getLogger(__name__)
@@ -184,10 +183,9 @@ def run(kind: str, logits: Tensor, extra: tuple[Tensor, ...], ignore_index: int,
     args = (logits, *extra)
     key = (kind, ignore_index, float(label_smoothing), compute,
            *((a.shape, a.stride(), a.dtype, a.device) for a in args))
-    compiled = _cache.get(key, False)
-    if compiled is False:
-        compiled = _cache[key] = _compile(kind, args, _Settings(
-            ignore_index, label_smoothing, compute))
+    if key not in _cache:
+        _cache[key] = _compile(kind, args, _Settings(ignore_index, label_smoothing, compute))
+    compiled = _cache[key]
     if compiled is None:
         return None
     with torch.no_grad():
@@ -202,7 +200,7 @@ def _compile(kind: str, args: tuple[Tensor, ...], settings: _Settings
     shapes = [tuple(a.shape) for a in args]
     try:
         with torch.no_grad():
-            examples = [a.clone() for a in args]  # tracing must not write the real logits
+            examples: list[Any] = [a.clone() for a in args]  # tracing writes the logits
             gm = make_fx(_BODIES[kind](settings))(*examples)
             compiled = inductor_compile(gm, examples)
     except Exception as error:  # any compile failure: the eager body, said once per shape
