@@ -140,7 +140,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives"),
     # split/'s ops: custom ops a compiler sees as one call (leaves the front end classifies),
     # and the compiled body of their chunks
-    ("split", "split.chunk_body", "split.chunked_loss", "split.chunked_mlp"),
+    ("split", "split.chunk_body", "split.chunk_count", "split.chunked_loss", "split.chunked_mlp"),
     # split/: recognising a token-wise spike in a traced graph, rewritten into the ops
     ("split.token_split",),
     # costs/: what a node costs (roofline, estimators) and the ranks' agreement on it
