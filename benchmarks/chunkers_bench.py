@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
             _loss_check([r for r in rows if r.model == name], model)
             print(f"{name:16s} {row.label:36s} peak {_fmt(row.peak_mib, '.1f')} MiB, step "
                   f"{_fmt(row.step_ms, '.1f')} ms, compile {_fmt(row.compile_s, '.1f')} s "
-                  f"({row.wall_s:.0f} s) {row.split} {row.note}", file=sys.stderr, flush=True)
+                  f"({_fmt(row.wall_s, '.0f')} s) {row.split} {row.note}", file=sys.stderr, flush=True)
             write(meta, rows, args.out, results=False)
     print(write(meta, rows, args.out, args.results))
     return 0
