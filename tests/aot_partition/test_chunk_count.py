@@ -18,8 +18,12 @@ def test_the_fewest_chunks_that_cover_the_gap_come_first():
 def test_past_128_tokens_a_chunk_only_as_last_resorts_down_to_16():
     # 1,024 tokens: 8 chunks of 128 at most, then 16, 32, 64 (16 tokens a chunk)
     assert most_chunks(1024) == 8
-    assert counts_for_gap(1024, lambda k: 0, 10**9) == [8, 16, 32, 64]
-    assert counts_for_gap(48, lambda k: 0, 1) == [2]
+    saving = lambda k: 1000 - 1000 // k  # noqa: E731
+    assert counts_for_gap(1024, saving, 900) == [8, 16, 32, 64]
+    assert counts_for_gap(48, saving, 1) == [2]
+    # a gap no count closes: the most at 128 tokens only (no compile more for an impossible cap)
+    assert counts_for_gap(1024, saving, 10**9) == [8]
+    assert counts_for_gap(1024, saving, 960) == [8, 32, 64]  # 16 chunks save 938
 
 
 @pytest.mark.parametrize("tokens, most", [(100, 2), (256, 2), (512, 4), (1000, 4),

@@ -4,7 +4,7 @@ shapes.
 The counts are powers of two. First those that keep at least ``MIN_CHUNK_TOKENS`` tokens a
 chunk (a matmul of fewer rows runs far below the device's peak), from the fewest whose
 estimated saving covers the gap; then, only for a cap none of those reaches, on down to
-``LAST_RESORT_CHUNK_TOKENS`` tokens a chunk (issue 50: a Llama step of 1,024 tokens stopped at 8
+``LAST_RESORT_CHUNK_TOKENS`` tokens a chunk, those whose estimated saving covers the gap (issue 50: a Llama step of 1,024 tokens stopped at 8
 chunks while its cap needed 32). torch's ``F.linear_cross_entropy`` sizes its chunks from the
 shapes alone (``torch_aspect_ratio_rows``: a chunk's logits about the size of the hidden
 states, halved on CPU fp32: 2 rows a chunk at vocab 32k, dim 64); here the cap decides, so a
@@ -32,7 +32,8 @@ def most_chunks(tokens: int) -> int:
 def counts_for_gap(tokens: int, saving: Callable[[int], int], gap_bytes: int) -> list[int]:
     """The chunk counts to try, in order: from the fewest (>= ``MIN_CHUNK_TOKENS`` a chunk)
     whose ``saving(k)`` covers ``gap_bytes`` up to ``most_chunks``, then the last resorts
-    (doubling while ``LAST_RESORT_CHUNK_TOKENS`` a chunk remain), tried only if those fail."""
+    (doubling while ``LAST_RESORT_CHUNK_TOKENS`` a chunk remain) whose saving covers the gap,
+    tried only if those fail."""
     most = most_chunks(tokens)
     counts = [2]
     while counts[-1] < most:
@@ -41,7 +42,8 @@ def counts_for_gap(tokens: int, saving: Callable[[int], int], gap_bytes: int) ->
     counts = counts[first:]
     k = most * 2
     while k <= MAX_LAST_RESORT_CHUNKS and tokens // k >= LAST_RESORT_CHUNK_TOKENS:
-        counts.append(k)
+        if saving(k) >= gap_bytes:  # a gap no count could close adds no compile to try
+            counts.append(k)
         k *= 2
     return counts
 
