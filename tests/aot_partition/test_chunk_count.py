@@ -1,6 +1,6 @@
 """The chunk counts a split tries under a peak cap (aot_partition.split.chunk_count): the fewest
 whose saving covers the gap at >= 128 tokens a chunk, then down to 16 tokens a chunk only as last
-resorts (issue 50: a 1,024-token Llama step stopped at 8 chunks while its cap needed 32); torch's
+resorts (issue 50: a 1,024-token Llama step stopped at 8 chunks; split=32 peaks far lower); torch's
 F.linear_cross_entropy aspect-ratio rule, the reference."""
 
 from __future__ import annotations
