@@ -4,11 +4,12 @@ shapes.
 The counts are powers of two. First those that keep at least ``MIN_CHUNK_TOKENS`` tokens a
 chunk (a matmul of fewer rows runs far below the device's peak), from the fewest whose
 estimated saving covers the gap; then, only for a cap none of those reaches, on down to
-``LAST_RESORT_CHUNK_TOKENS`` tokens a chunk, those whose estimated saving covers the gap (issue 50: a 1,024-token Llama step stopped at 8
-chunks, 32.2 MiB, where split=32 peaks at 20.5 MiB). torch's ``F.linear_cross_entropy`` sizes its chunks from the
-shapes alone (``torch_aspect_ratio_rows``: a chunk's logits about the size of the hidden
-states, halved on CPU fp32: 2 rows a chunk at vocab 32k, dim 64); here the cap decides, so a
-step splits no finer than it must.
+``LAST_RESORT_CHUNK_TOKENS`` tokens a chunk, those whose estimated saving covers the gap
+(issue 50: a 1,024-token Llama step stopped at 8 chunks, 32.2 MiB, where split=32 peaks at
+20.5 MiB). torch's ``F.linear_cross_entropy`` sizes its chunks from the shapes alone
+(``torch_aspect_ratio_rows``: a chunk's logits about the size of the hidden states, halved on
+CPU fp32: 2 rows a chunk at vocab 32k, dim 64); here the cap decides, so a step splits no finer
+than it must.
 """
 
 from __future__ import annotations
