@@ -27,7 +27,10 @@ Variants (``VARIANTS``; ``--variants`` picks by key):
 - ``cap-ac``: ours, ``split="auto"`` under ``memory_budget="<bytes> peak"`` with the cap the
   step's inputs plus 0.7 x ``inductor+ac``'s measured peak; ``cap-lce``: the inputs plus the
   lower of the two ``F.linear_cross_entropy`` rows' peaks;
-- ``ours+ac``: ``aot_pipeline.compile(step)`` with the auto_chunker on.
+- ``ours+ac``: ``aot_pipeline.compile(step)`` with the auto_chunker on;
+- ``eager-body-split8`` / ``-split16``: ``split=N`` with ``AOT_PARTITION_CHUNK_BODY=eager`` (each
+  chunk as unfused ATen); the other rows of ours run the default ("auto": each chunk's body
+  compiled by Inductor where a chunk holds 2**18 logits or more).
 
 A variant that fails is a row with the error's one line. Models (``MODELS``): the GPT of our bar
 (``aot_pipeline.models.GPT``, vocab 32,768), transformers' ``LlamaForCausalLM`` from a tiny
@@ -70,6 +73,7 @@ class Variant:
     auto_chunker: bool = False
     split: int | str | None = None
     cap: str | None = None  # "ac" or "lce": resolved from earlier rows into bytes
+    chunk_body: str | None = None  # AOT_PARTITION_CHUNK_BODY for ours (None: its default)
 
 
 VARIANTS: dict[str, Variant] = {v.key: v for v in [
@@ -83,6 +87,9 @@ VARIANTS: dict[str, Variant] = {v.key: v for v in [
     Variant("cap-ac", "ours cap 0.7x auto_chunker (auto)", "ours", split="auto", cap="ac"),
     Variant("cap-lce", "ours cap F.lce (auto)", "ours", split="auto", cap="lce"),
     Variant("ours+ac", "ours + auto_chunker", "ours", auto_chunker=True),
+    # the chunk loop as unfused ATen (the body before issue 50 item 3), beside the compiled one
+    *[Variant(f"eager-body-split{n}", f"ours split={n}, eager chunk body", "ours", split=n,
+              chunk_body="eager") for n in (8, 16)],
 ]}
 CAP_SHARE = {"ac": 0.7, "lce": 1.0}
 
@@ -380,6 +387,9 @@ def measure(name: str, model: ModelSpec, variant: Variant, rows: list[Row], args
                    TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
                    OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
         env.pop("TORCHINDUCTOR_AUTO_CHUNKER", None)
+        env.pop("AOT_PARTITION_CHUNK_BODY", None)
+        if variant.chunk_body is not None:
+            env["AOT_PARTITION_CHUNK_BODY"] = variant.chunk_body
         if variant.auto_chunker:
             env["TORCHINDUCTOR_AUTO_CHUNKER"] = "1"
         try:
@@ -666,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
             _loss_check([r for r in rows if r.model == name], model)
             print(f"{name:16s} {row.label:36s} peak {_fmt(row.peak_mib, '.1f')} MiB, step "
                   f"{_fmt(row.step_ms, '.1f')} ms, compile {_fmt(row.compile_s, '.1f')} s "
-                  f"({row.wall_s:.0f} s) {row.split} {row.note}", file=sys.stderr, flush=True)
+                  f"({_fmt(row.wall_s, '.0f')} s) {row.split} {row.note}", file=sys.stderr, flush=True)
             write(meta, rows, args.out, results=False)
     print(write(meta, rows, args.out, args.results))
     return 0

@@ -138,8 +138,9 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
     # collectives (they may import each other; the cycle test keeps them acyclic)
     ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives"),
-    # split/'s ops: custom ops a compiler sees as one call (leaves the front end classifies)
-    ("split", "split.chunked_loss", "split.chunked_mlp"),
+    # split/'s ops: custom ops a compiler sees as one call (leaves the front end classifies),
+    # and the compiled body of their chunks
+    ("split", "split.chunk_body", "split.chunk_count", "split.chunked_loss", "split.chunked_mlp"),
     # split/: recognising a token-wise spike in a traced graph, rewritten into the ops
     ("split.token_split",),
     # costs/: what a node costs (roofline, estimators) and the ranks' agreement on it

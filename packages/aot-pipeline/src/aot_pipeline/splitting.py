@@ -99,21 +99,14 @@ def _unreachable(error: BaseException) -> Any:
 
 
 def chunk_counts(sites: Sequence[Any], gap_bytes: int) -> list[int]:
-    """The chunk counts to try, fewest first: from the least power of two whose saving (one
-    logits buffer of every site, less one chunk's) covers ``gap_bytes``, doubling up to the
-    most that keeps ``MIN_CHUNK_TOKENS`` a chunk."""
-    tokens = min(site.tokens for site in sites)
-    most = max(2, min(MAX_CHUNKS, tokens // MIN_CHUNK_TOKENS))
-    counts = []
-    k = 2
-    while k <= most:
-        counts.append(k)
-        k *= 2
-    if not counts:
-        counts = [2]
-    first = next((i for i, k in enumerate(counts)
-                  if sum(site.bytes_saved(k) for site in sites) >= gap_bytes), len(counts) - 1)
-    return counts[first:]
+    """The chunk counts to try, fewest first (aot_partition.split.chunk_count): from the least
+    power of two whose saving (one logits buffer of every site, less one chunk's) covers
+    ``gap_bytes``, doubling up to the most that keeps ``MIN_CHUNK_TOKENS`` a chunk, then the
+    last resorts down to 16 tokens a chunk."""
+    from aot_partition.split.chunk_count import counts_for_gap
+
+    return counts_for_gap(min(site.tokens for site in sites),
+                          lambda k: sum(site.bytes_saved(k) for site in sites), gap_bytes)
 
 
 def preferred_chunks(sites: Sequence[Any]) -> int:
@@ -130,7 +123,9 @@ def split_counts_against_recompute(sites: Sequence[Any]) -> list[int]:
     """The chunk counts tried against a whole graph that fits only by recomputing:
     ``preferred_chunks`` first, doubling up to the most ``chunk_counts`` allows (at least
     ``MIN_CHUNK_TOKENS`` a chunk)."""
-    most = chunk_counts(sites, 0)[-1]
+    from aot_partition.split.chunk_count import most_chunks
+
+    most = most_chunks(min(site.tokens for site in sites))
     counts = [preferred_chunks(sites)]
     while counts[-1] * 2 <= most:
         counts.append(counts[-1] * 2)

@@ -1033,7 +1033,9 @@ def profiled_workspace(node: fx.Node,
         estimate = ours.workspace_bytes(target, tuple(args))
         fake = any(isinstance(v, torch.Tensor) and v.device.type == "meta"
                    for v in pytree.tree_leaves(args))
-        if fake or estimate > _MEASURED_WORKSPACE_LIMIT \
+        # (a compiled chunk body is not compiled inside a compile: its scratch from the shapes)
+        compiled = ours is chunked_loss and chunked_loss.compiled_body_planned(target, tuple(args))
+        if fake or compiled or estimate > _MEASURED_WORKSPACE_LIMIT \
                 or _op_flops(target, args) > _MEASURED_WORKSPACE_FLOPS_LIMIT:
             return estimate
     strides = strides or {}

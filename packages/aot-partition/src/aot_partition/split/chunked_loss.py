@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from . import chunk_body
+
 log = logging.getLogger(__name__)
 
 REDUCTIONS = ("mean", "sum")
@@ -46,6 +48,20 @@ def _chunk_bounds(tokens: int, chunks: int) -> list[tuple[int, int]]:
 
 def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> Tensor:
     return F.linear(hidden, weight, bias).to(dtype)
+
+
+def _compiled_chunk(kind: str, hidden: Tensor, weight: Tensor, bias: Tensor | None,
+                    start: int, end: int, extra: tuple[Tensor, ...], ignore_index: int,
+                    label_smoothing: float, compute: torch.dtype
+                    ) -> tuple[Tensor, tuple[Tensor, ...]] | None:
+    """One chunk through its compiled body (chunk_body): (the projection's output, the
+    body's outputs); a body that makes the gradient writes it over the projection's output.
+    None where the eager body runs."""
+    if not chunk_body.use_compiled(hidden, weight, end - start):
+        return None
+    projected = F.linear(hidden[start:end], weight, bias)
+    out = chunk_body.run(kind, projected, extra, ignore_index, label_smoothing, compute)
+    return None if out is None else (projected, out)
 
 
 def _check(hidden: Tensor, weight: Tensor, target: Tensor, reduction: str, chunks: int) -> None:
@@ -72,6 +88,13 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
     total = torch.zeros((), dtype=torch.float64 if compute is torch.float64 else torch.float32,
                         device=hidden.device)
     for start, end in _chunk_bounds(hidden.shape[0], chunks):
+        compiled = _compiled_chunk("forward", hidden, weight, bias, start, end,
+                                   (target[start:end],), ignore_index, label_smoothing, compute)
+        if compiled is not None:
+            total += compiled[1][0]
+            lse[start:end] = compiled[1][1]
+            del compiled  # this chunk's logits, before the next chunk's
+            continue
         # One chunk-sized buffer: the logits, turned into their exponentials in place.
         logits = _logits(hidden[start:end], weight, bias, compute)
         t = target[start:end]
@@ -126,14 +149,28 @@ class _GradAccumulator:
             grad.sub_(self.smoothing / grad.shape[1])
         rows = torch.arange(grad.shape[0], device=grad.device)
         grad[rows, torch.where(kept, t, 0)] -= (1.0 - self.smoothing)
-        scale = self.scale if grad_loss is None else self.scale * grad_loss.to(self.accumulate)
+        scale = self.chunk_scale(grad_loss)
         grad.mul_((kept.to(self.compute) * scale.to(self.compute)).unsqueeze(1))
         grad = grad.to(self.hidden.dtype)  # the backward of the cast to ``compute``
+        self.add_grad(start, end, grad)
+
+    def chunk_scale(self, grad_loss: Tensor | None) -> Tensor:
+        return self.scale if grad_loss is None else self.scale * grad_loss.to(self.accumulate)
+
+    def add_grad(self, start: int, end: int, grad: Tensor, bias_grad: Tensor | None = None
+                 ) -> None:
+        """The matmuls of one chunk's logit gradient ``grad`` (in the projection's dtype):
+        its hidden rows written, the weight's (and the bias's) gradient accumulated."""
         h = self.hidden[start:end]
-        self.grad_hidden[start:end] = grad @ self.weight
-        self.grad_weight += (grad.t() @ h).to(self.accumulate)
+        rows = self.grad_hidden[start:end]
+        if rows.is_contiguous():
+            torch.mm(grad, self.weight, out=rows)
+        else:
+            rows.copy_(grad @ self.weight)
+        chunk_body.accumulate_weight_grad(self.grad_weight, grad, h)
         if self.bias is not None:
-            self.grad_bias += grad.sum(dim=0, dtype=self.accumulate)
+            self.grad_bias += (bias_grad if bias_grad is not None
+                               else grad.sum(dim=0, dtype=self.accumulate))
 
     def result(self) -> tuple[Tensor, Tensor, Tensor]:
         return (self.grad_hidden, self.grad_weight.to(self.weight.dtype),
@@ -150,6 +187,14 @@ def linear_cross_entropy_backward(grad_loss: Tensor, hidden: Tensor, weight: Ten
     grads = _GradAccumulator(hidden, weight, bias, target, ignore_index, reduction,
                              label_smoothing, lse.dtype)
     for start, end in _chunk_bounds(hidden.shape[0], chunks):
+        compiled = _compiled_chunk(
+            "backward", hidden, weight, bias, start, end,
+            (target[start:end], lse[start:end], grads.chunk_scale(grad_loss)), ignore_index,
+            label_smoothing, lse.dtype)
+        if compiled is not None:
+            grads.add_grad(start, end, compiled[0], *compiled[1])
+            del compiled  # this chunk's logits, before the next chunk's
+            continue
         # One chunk-sized buffer: the logits, turned into the logits' gradient in place.
         softmax = _logits(hidden[start:end], weight, bias, lse.dtype)
         softmax.sub_(lse[start:end].unsqueeze(1)).exp_()
@@ -203,6 +248,14 @@ def linear_cross_entropy_with_grads(hidden: Tensor, weight: Tensor, bias: Tensor
                              label_smoothing, compute)
     total = torch.zeros((), dtype=grads.accumulate, device=hidden.device)
     for start, end in _chunk_bounds(hidden.shape[0], chunks):
+        compiled = _compiled_chunk("with_grads", hidden, weight, bias, start, end,
+                                   (target[start:end], grads.scale), ignore_index,
+                                   label_smoothing, compute)
+        if compiled is not None:
+            total += compiled[1][0]
+            grads.add_grad(start, end, compiled[0], *compiled[1][1:])
+            del compiled  # this chunk's logits, before the next chunk's
+            continue
         logits = _logits(hidden[start:end], weight, bias, compute)
         t = target[start:end]
         kept = t != ignore_index
@@ -290,33 +343,54 @@ CHUNKED_OPS = (torch.ops.aot_partition.linear_cross_entropy.default,
                torch.ops.aot_partition.linear_cross_entropy_with_grads.default)
 
 
+def _op_shapes(target: Any, args: tuple[Any, ...]) -> tuple[Any, Any, Any, torch.dtype, int]:
+    """(hidden, weight, bias, compute dtype, chunks) of a call of one of the ops."""
+    if target is torch.ops.aot_partition.linear_cross_entropy_backward.default:
+        return args[1], args[2], args[3], args[5].dtype, args[9]
+    return args[0], args[1], args[2], _DTYPES[args[7]], args[8]
+
+
+def _chunk_rows(tokens: int, chunks: Any) -> int:
+    return -(-tokens // max(1, int(chunks))) if tokens else 0
+
+
+def compiled_body_planned(target: Any, args: tuple[Any, ...]) -> bool:
+    """Whether a call's chunks run their compiled body (chunk_body.planned)."""
+    hidden, weight, _bias, _compute, chunks = _op_shapes(target, args)
+    device = getattr(hidden, "device", None)
+    return chunk_body.planned(device.type if device is not None else "cpu",
+                              _chunk_rows(int(hidden.shape[0]), chunks), int(weight.shape[0]))
+
+
 def workspace_bytes(target: Any, args: tuple[Any, ...]) -> int:
     """What one call allocates and frees inside (its outputs excluded), from the argument
-    shapes: one chunk's logits in the compute dtype, the projection's output before the cast,
-    the gradient's cast back, the per-token vectors and the fp32 accumulators. ``args`` are
-    the op's arguments (tensors or anything with ``shape`` and ``dtype``)."""
-    if target is torch.ops.aot_partition.linear_cross_entropy_backward.default:
-        hidden, weight, bias, lse, chunks = args[1], args[2], args[3], args[5], args[9]
-        compute = lse.dtype
-    else:
-        hidden, weight, bias, chunks = args[0], args[1], args[2], args[8]
-        compute = _DTYPES[args[7]]
+    shapes (measured on CPU, torch 2.13): one chunk's logits (the eager body: in the compute
+    dtype, the projection's output before the cast and the gradient cast back; the compiled
+    body: the projection's output alone, the gradient written over it), the per-token
+    vectors and the fp32 accumulators. ``args`` are the op's arguments (tensors or anything
+    with ``shape`` and ``dtype``)."""
+    hidden, weight, bias, compute, chunks = _op_shapes(target, args)
     tokens, dim = (int(s) for s in hidden.shape)
     vocab = int(weight.shape[0])
-    rows = -(-tokens // max(1, chunks)) if tokens else 0
+    rows = _chunk_rows(tokens, chunks)
     chunk = rows * vocab
     low = hidden.dtype.itemsize
     mixed = hidden.dtype != compute
     grads = target is not torch.ops.aot_partition.linear_cross_entropy.default
-    logits = chunk * compute.itemsize + (chunk * low if mixed else 0)
-    logits += chunk * low if mixed and grads else 0  # the gradient cast back
+    if compiled_body_planned(target, args):
+        logits = chunk * low
+        # with gradients, the transposed gradient's copy for a bf16 weight-gradient product;
+        # without, the fused kernel's and oneDNN's scratch for a bf16 projection
+        logits += (chunk * low if grads else rows * 512 + dim * 256) if mixed else 0
+    else:
+        logits = chunk * compute.itemsize + (chunk * low if mixed else 0)
+        logits += chunk * low if mixed and grads else 0  # the gradient cast back
     vectors = 8 * rows * 8  # lse, picked, top, sums, masks, indices of one chunk
     accumulators = 0
-    if grads:
-        accumulators = (vocab * dim + (vocab if bias is not None else 0)) * 4
-        accumulators += rows * dim * low  # a chunk's grad hidden before its copy
-        # the weight gradient's product in the low dtype before its cast (measured on CPU)
-        accumulators += vocab * dim * low if mixed else 0
+    if grads:  # fp32 accumulators a narrower weight's gradient is cast from at the end
+        accumulators = vocab * dim * 4 if mixed else 0
+        if bias is not None:  # the bias's column sum; the weight product then at the peak
+            accumulators += vocab * 4 + (vocab * dim * low if mixed else 0)
     return logits + vectors + accumulators
 
 
@@ -324,6 +398,9 @@ def workspace_bytes(target: Any, args: tuple[Any, ...]) -> int:
 # max, exp, sum, normalise, one-hot, scale, cast back, the matmuls' reads): the roofline adds
 # them to the op's inputs and outputs (a loss Inductor fuses makes about 3).
 _PASSES_PER_ELEMENT = {"forward": 7, "backward": 9, "with_grads": 12}
+# The compiled body (chunk_body): the projection's write, one fused pass (reads; with
+# gradients also the write over the logits), the two matmuls' reads, the bias's column sum.
+_COMPILED_PASSES_PER_ELEMENT = {"forward": 2, "backward": 5, "with_grads": 5}
 
 
 def internal_bytes(target: Any, args: tuple[Any, ...]) -> int:
@@ -339,7 +416,11 @@ def internal_bytes(target: Any, args: tuple[Any, ...]) -> int:
         kind = ("forward" if target is torch.ops.aot_partition.linear_cross_entropy.default
                 else "with_grads")
     elements = int(hidden.shape[0]) * int(weight.shape[0])
-    logits = elements * _PASSES_PER_ELEMENT[kind] * max(compute.itemsize, hidden.dtype.itemsize)
+    if compiled_body_planned(target, args):  # the logits stay in the projection's dtype
+        logits = elements * _COMPILED_PASSES_PER_ELEMENT[kind] * hidden.dtype.itemsize
+    else:
+        logits = (elements * _PASSES_PER_ELEMENT[kind]
+                  * max(compute.itemsize, hidden.dtype.itemsize))
     return logits + max(1, int(chunks)) * _weight_bytes_per_chunk(weight, compute, kind)
 
 
