@@ -58,7 +58,9 @@ def _blocks(language: str) -> list[tuple[str, int, str]]:
 
 
 def _commands() -> list[tuple[str, list[str]]]:
-    commands = []
+    """Each distinct command once, named by every README line that shows it (the main job is in
+    the root README and the package's: one run proves both, and it is among the slowest)."""
+    where: dict[tuple[str, ...], list[str]] = {}
     for readme, line, code in _blocks("bash"):
         for offset, text in enumerate(code.splitlines(), start=1):
             command = text.split("#", 1)[0].strip()
@@ -66,8 +68,8 @@ def _commands() -> list[tuple[str, list[str]]]:
                 continue
             words = shlex.split(command)
             assert words[:2] == ["uv", "run"], f"{readme}:{line + offset}: {text}"
-            commands.append((f"{readme}:{line + offset}", words[2:]))
-    return commands
+            where.setdefault(tuple(words[2:]), []).append(f"{readme}:{line + offset}")
+    return [("+".join(places), list(words)) for words, places in where.items()]
 
 
 @pytest.fixture
