@@ -174,7 +174,8 @@ def with_token_split(options: PipelineOptions, recorder: PartitionRecorder | Non
 
         sites, left = find_split_sites(gm)
         graph = step.begin(gm, example_inputs, left,
-                           bool(sites) and options.split is not False)
+                           bool(sites) and options.split is not False,
+                           bool(sites) and options.split is False)
         limit = step.graph_peak_bytes(graph)
         graph_options = options if limit is None else replace(
             options, memory_peak_bytes=max(0, limit))

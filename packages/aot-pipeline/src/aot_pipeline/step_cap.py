@@ -111,6 +111,7 @@ class _Graph:
     left_alone: list[str] = field(default_factory=list)
     model: str = "inductor"
     split_tried: bool = False        # a loss site the split could take was found
+    split_off: bool = False          # a loss site was found, but split=False
     break_reason: str | None = None  # the graph ends at a graph break: Dynamo's reason
     returns_projection: str | None = None  # it returns a projection's output at the break
 
@@ -239,7 +240,7 @@ class StepCap:
         return self.peak_bytes is not None or self.peak_fraction is not None
 
     def begin(self, gm: Any, example_inputs: Sequence[Any], left_alone: Sequence[Any],
-              split_tried: bool = False) -> _Graph:
+              split_tried: bool = False, split_off: bool = False) -> _Graph:
         """The next graph of the step, ``gm`` (a recompile of a frame restarts the step
         there)."""
         from torch._guards import CompileContext
@@ -284,7 +285,7 @@ class StepCap:
                               held_uncapped + earlier_parameters + batch + later, reference)
         graph = _Graph(frame, context, parameter_bytes, batch_bytes if k == 1 else 0,
                        GraphSink(), frozenset(ids), left_alone=[f"{a.loss}: {a.reason}" for a in left_alone],
-                       model=self.memory_model, split_tried=split_tried,
+                       model=self.memory_model, split_tried=split_tried, split_off=split_off,
                        break_reason=_break_reason(gm),
                        returns_projection=_returned_projection(gm))
         self.graphs.append(graph)
@@ -341,6 +342,9 @@ class StepCap:
         elif graph.split_tried:
             lead = (f"graph {k}'s loss was split (the most chunks, then recomputing the "
                     "logits) and still does not fit")
+        elif graph.split_off:
+            lead = (f"graph {k}'s loss is not split (split=False: the split would lower its "
+                    "floor)")
         else:
             lead = f"graph {k} has no LM head and loss to split"
         if self.peak_fraction is not None and graph.context.reference_bytes == 0:
