@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from aot_partition.split.chunk_body import chunk_body
+from aot_partition.split.chunk_body import COMPILED_BODY_SUPPORTED, chunk_body
 from aot_partition.split.chunked_loss import (
     dtype_name,
     linear_cross_entropy,
@@ -175,7 +175,8 @@ def test_flop_counter_counts_the_projections():
     assert counted["recompute"] == 4 * projection
 
 
-@pytest.mark.parametrize("body", ["eager", "compiled"])
+@pytest.mark.parametrize("body", ["eager", pytest.param("compiled", marks=pytest.mark.skipif(
+    not COMPILED_BODY_SUPPORTED, reason="the compiled chunk body needs torch >= 2.13"))])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", ["recompute", "backward", "forward_grads"])
 def test_the_scratch_known_from_the_shapes_matches_the_profiler(dtype, name, body):
@@ -206,7 +207,9 @@ def test_the_scratch_known_from_the_shapes_matches_the_profiler(dtype, name, bod
     assert abs(estimate - scratch) <= 0.03 * scratch, (scratch, estimate)
 
 
-@pytest.mark.parametrize("body, passes", [("eager", 12), ("compiled", 5)])
+@pytest.mark.parametrize("body, passes", [("eager", 12), pytest.param(
+    "compiled", 5, marks=pytest.mark.skipif(not COMPILED_BODY_SUPPORTED,
+                                            reason="the compiled chunk body needs torch >= 2.13"))])
 def test_the_roofline_prices_the_passes_over_each_chunk(body, passes):
     """A split op moves its chunks' logits several times (12 passes in the eager body, 5 in
     the compiled one) and the weight once or more a chunk: the roofline's bytes include both

@@ -17,7 +17,10 @@ Which body runs: ``set_chunk_body("auto" | "compiled" | "eager")`` or the enviro
 ``AOT_PARTITION_CHUNK_BODY``. "auto" (the default) compiles a chunk of at least
 ``AUTO_MIN_ELEMENTS`` logits on a CPU or CUDA device (below that the compile costs more than it
 saves); "compiled" always (tests); "eager" never. A compile that fails is logged once as a
-warning and that shape runs eagerly from then on.
+warning and that shape runs eagerly from then on. Before torch 2.13 the eager body always runs
+(``COMPILED_BODY_TORCH``): on torch 2.11 the compiled body's forward-gradient kernels gave wrong
+losses and gradients (caught by .ci/torch_range), so it is refused there, with one warning when
+"compiled" is asked for.
 """
 
 from __future__ import annotations
@@ -70,10 +73,30 @@ def chunk_body(mode: str) -> Iterator[None]:
         set_chunk_body(previous)
 
 
+def _torch_release() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+# The first torch whose compiled body is exact (2.11: wrong forward gradients; 2.13 and 2.15
+# tested exact; 2.12 untested, so refused).
+COMPILED_BODY_TORCH = (2, 13)
+COMPILED_BODY_SUPPORTED = _torch_release() >= COMPILED_BODY_TORCH
+_warned_unsupported = False
+
+
 def planned(device_type: str, rows: int, vocab: int) -> bool:
     """Whether a chunk of ``rows`` tokens over ``vocab`` classes on ``device_type`` is meant to
     run the compiled body (what the memory and cost models count; a failed compile aside)."""
+    global _warned_unsupported
     if _mode == "eager" or device_type not in ("cpu", "cuda"):
+        return False
+    if not COMPILED_BODY_SUPPORTED:
+        if _mode == "compiled" and not _warned_unsupported:
+            _warned_unsupported = True
+            log.warning("chunk body 'compiled' refused on torch %s (it needs torch >= %d.%d: "
+                        "earlier releases compile it wrong); the eager body runs",
+                        torch.__version__, *COMPILED_BODY_TORCH)
         return False
     return _mode == "compiled" or rows * vocab >= AUTO_MIN_ELEMENTS
 
