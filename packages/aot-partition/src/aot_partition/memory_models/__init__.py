@@ -4,6 +4,7 @@
   the order the graphs run (the eager step; also the measured CPU peak, ``measure_partition``).
 - ``inductor``: the compiled-program model: a cut's graphs lowered by Inductor and the buffers
   its generated code allocates replayed.
+- ``lowering_memo``: each distinct graph lowered once per process (the inductor model's cost).
 - ``caching_allocator``: CUDA's caching allocator's blocks, as ``max_memory_allocated`` counts.
 - ``pricing``: which model prices a cut (``price_partition``, ``resolve_memory_model``).
 - ``symbolic_peak``, ``shape_guards``: a peak under dynamic shapes, as an expression of the

@@ -32,6 +32,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..fx.sizes import saved_bytes, storage_key, tensor_nbytes
+from . import lowering_memo
 from .simulator import (
     MemoryTimeline,
     _backward_inputs,
@@ -193,14 +194,34 @@ def lower_for_memory(graph: fx.Graph | fx.GraphModule, *, is_backward: bool,
     compile_fx keeps them). ``input_strides``: placeholder position -> the strides its tensor
     arrives with (a backward's saved activations, as the compiled forward laid them out). The
     graph is not modified. InductorMemoryError when Inductor cannot lower it (the message
-    names the failure)."""
+    names the failure). Each distinct graph is lowered once per process (lowering_memo.py:
+    the result is shared, never to be modified)."""
+    gm = _detached_module(graph, owner)
+    values = _placeholder_values(gm)
+    key = None
+    if lowering_memo.memo_enabled():
+        key = lowering_memo.lowering_memo_key(
+            gm, values, is_backward=is_backward, donated=donated, workspace=workspace,
+            user_outputs=user_outputs, input_strides=input_strides)
+        kept = lowering_memo.MEMO.get(key) if key is not None else None
+        if kept is not None:
+            return kept
+    lowered = _lower(gm, values, is_backward=is_backward, donated=donated, workspace=workspace,
+                     user_outputs=user_outputs, input_strides=input_strides)
+    if key is not None:
+        lowering_memo.MEMO.put(key, lowered)
+    return lowered
+
+
+def _lower(gm: fx.GraphModule, values: list[Any], *, is_backward: bool, donated: Sequence[int],
+           workspace: bool, user_outputs: int | None,
+           input_strides: Mapping[int, tuple[int, ...]] | None) -> CompiledGraphMemory:
+    """``lower_for_memory`` without the memo: ``gm`` is a copy this may rewrite."""
     from torch._guards import detect_fake_mode
     from torch._inductor.compile_fx import _recursive_post_grad_passes
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
 
-    gm = _detached_module(graph, owner)
-    values = _placeholder_values(gm)
     fake_mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
     if fake_mode is None:
         raise InductorMemoryError("the graph's placeholders carry no fake tensors "
