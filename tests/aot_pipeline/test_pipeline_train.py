@@ -175,3 +175,30 @@ def test_a_refused_capped_row_says_why_below_the_table():
     lines = train_table([eager, refused]).splitlines()
     assert lines[3].split() == ["aot_pipeline_capped", *["refused"] * 4, "-"]
     assert lines[4] == "aot_pipeline_capped: step peak cap 10 bytes is unreachable: ..."
+
+
+def test_a_language_models_training_step_is_its_next_token_loss_in_one_module():
+    """train compiles the model and its loss as one module (BuiltModel.training_step()): for
+    the built-in LMs the loss is next-token cross-entropy, the labels shifted as transformers
+    shifts them (the last position ignored), so the split and a peak cap see the loss."""
+    import torch.nn.functional as F
+    from aot_pipeline.models import TrainingStep, squared_mean_loss
+    from aot_pipeline.train import TRAIN_LM_SIZES
+
+    built = build_model("gpt", vocab=32, dim=16, heads=2, layers=1, seq=8)
+    (ids,) = built.make_inputs()
+    logits = built.module(ids)
+    want = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+    step = built.training_step()
+    assert isinstance(step, TrainingStep) and step.model is built.module
+    torch.testing.assert_close(step(ids), want)
+    torch.testing.assert_close(built.loss(logits, (ids,)), want)
+    # The rest keep the output's mean square.
+    mlp = build_model("mlp")
+    (x,) = mlp.make_inputs()
+    torch.testing.assert_close(mlp.training_step()(x), squared_mean_loss(mlp.module(x)))
+    # train's built-in LMs at a size where the logits make the peak, named in the table.
+    spec = TrainSettings(model="gpt", layers=2).spec()
+    assert dict(spec.config) == TRAIN_LM_SIZES
+    assert spec.label == "gpt (2 layers, vocab 1024, seq 256)"
+    assert TrainSettings(model="mlp", layers=1).spec().label == "mlp (1 layers)"

@@ -7,8 +7,10 @@ and ``torch._dynamo.backends.common.aot_autograd``; if a release moves them, ada
 
 from __future__ import annotations
 
+import copy
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -83,3 +85,17 @@ def compile_region_names_supported() -> bool:
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+_Copied = TypeVar("_Copied")
+
+
+def deepcopy_graph(graph: _Copied) -> _Copied:
+    """A deep copy of an FX graph (or a tuple of them) we make to price or record a plan,
+    without the FutureWarning torch >= 2.13 gives for each pytree ``LeafSpec`` a graph's code
+    holds ("isinstance(treespec, LeafSpec) is deprecated"): the copy is ours, not the user's
+    code, and the warning said nothing to them (a capped train row printed it twice)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                category=FutureWarning)
+        return copy.deepcopy(graph)

@@ -18,7 +18,6 @@ the same ``compile_fx`` config patches ``backend="inductor"`` uses.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import logging
 import sys
@@ -190,7 +189,7 @@ def _step_share(options: PipelineOptions, joint: fx.GraphModule, inputs: Sequenc
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # a joint may hold real tensor constants
-            kept = (copy.deepcopy(joint), list(inputs), dict(kwargs))
+            kept = (_compat.deepcopy_graph(joint), list(inputs), dict(kwargs))
         if context.partitioner_fraction:
             sink.joint = kept
         else:

@@ -560,7 +560,7 @@ def _train(args: argparse.Namespace) -> int:
     # Each compiled variant in a fresh process with an empty Inductor cache: compile times
     # are cold for all, not only for whichever variant happens to run first.
     results = train_all(settings, progress=not args.no_progress, isolated=True)
-    print(f"{args.spec.label}, {args.steps} steps on {args.device}; ours: "
+    print(f"{settings.spec().label}, {args.steps} steps on {args.device}; ours: "
           f"{_options_budget_words(options)}, solver {options.solver}, compiler {args.compiler}"
           f"{_split_words(options.split)}"
           f"{', compiled autograd' if args.compiled_autograd else ''}")

@@ -25,7 +25,10 @@ __all__ = [
     "Llama",
     "ConvNet",
     "BuiltModel",
+    "TrainingStep",
     "build_model",
+    "next_token_loss",
+    "squared_mean_loss",
 ]
 
 
@@ -176,16 +179,53 @@ class ConvNet(nn.Module):
 
 
 
+def squared_mean_loss(output: torch.Tensor, inputs: tuple[torch.Tensor, ...] = ()
+                      ) -> torch.Tensor:
+    """The mean square of the output, in fp32: a loss for a model without labels."""
+    del inputs
+    return output.float().pow(2).mean()
+
+
+def next_token_loss(logits: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """A language model's training loss: fp32 cross-entropy of each position's logits against
+    the next token of the batch (the last position ignored), as transformers' causal-LM loss
+    shifts its labels."""
+    ids = inputs[0]
+    targets = F.pad(ids[:, 1:], (0, 1), value=-100)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+class TrainingStep(nn.Module):
+    """A model and its loss as one module: ``step(*inputs)`` returns the loss, so a compiler
+    given the step compiles the loss with the model, as a training step does (the LM head's
+    split and the step's peak cap need the loss inside)."""
+
+    def __init__(self, model: nn.Module,
+                 loss_fn: Callable[[Any, tuple[torch.Tensor, ...]], torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model(*inputs), inputs)
+
+
 @dataclass
 class BuiltModel:
-    """A model with a batch maker; ``loss(output)`` reduces its output to a scalar."""
+    """A model with a batch maker and its training loss: ``loss(output, inputs)`` reduces the
+    output for those inputs to a scalar (next-token cross-entropy for the language models,
+    the output's mean square for the rest); ``training_step()`` is both as one module."""
 
     name: str
     module: nn.Module
     make_inputs: Callable[[], tuple[torch.Tensor, ...]]
+    loss_fn: Callable[[Any, tuple[torch.Tensor, ...]], torch.Tensor] = squared_mean_loss
 
-    def loss(self, output: torch.Tensor) -> torch.Tensor:
-        return output.float().pow(2).mean()
+    def loss(self, output: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.loss_fn(output, inputs)
+
+    def training_step(self) -> TrainingStep:
+        return TrainingStep(self.module, self.loss_fn)
 
 
 def build_model(
@@ -225,4 +265,5 @@ def build_model(
 
         def make_inputs() -> tuple[torch.Tensor, ...]:
             return (torch.randn(batch, 3, image, image, generator=generator).to(device),)
-    return BuiltModel(name, module.to(device), make_inputs)
+    loss_fn = next_token_loss if name in ("gpt", "llama") else squared_mean_loss
+    return BuiltModel(name, module.to(device), make_inputs, loss_fn)

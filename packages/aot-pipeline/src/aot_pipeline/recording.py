@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
+
+from . import _compat
 
 
 @dataclass
@@ -59,7 +60,7 @@ class PartitionRecorder:
             # Outside the compile's fake mode: a joint may hold real tensor constants
             # (transformers' GPT-2 does), which a copy under it cannot clone.
             with unset_fake_temporarily():
-                kept = copy.deepcopy(joint)
+                kept = _compat.deepcopy_graph(joint)
             self.joints.append(RecordedJoint(kept, list(inputs), dict(kwargs)))
 
     def record_forward(self, forward: fx.GraphModule, backward: fx.GraphModule | None = None,
@@ -76,7 +77,7 @@ class PartitionRecorder:
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
             with unset_fake_temporarily():  # graphs may hold real tensor constants
-                as_partitioned = (copy.deepcopy(forward), copy.deepcopy(backward))
+                as_partitioned = _compat.deepcopy_graph((forward, backward))
         static = tuple(static_input_indices) if static_input_indices is not None else None
         self.partitions.append(RecordedPartition(forward, backward, saved, num_fwd_outputs,
                                                  as_partitioned, static))

@@ -30,7 +30,6 @@ naming why (no projection followed by a cross-entropy, or the reason the loss wa
 
 from __future__ import annotations
 
-import copy
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,7 +38,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from . import step_cap
+from . import _compat, step_cap
 from .options import PipelineOptions
 from .recording import PartitionRecorder
 from .step_cap import StepCap
@@ -242,7 +241,7 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
         if not has_peak_cap(options) or (not sites
                                          and not find_split_sites(gm, kinds=("mlp",))[0]):
             return plain(gm, example_inputs)
-        whole = copy.deepcopy(gm)
+        whole = _compat.deepcopy_graph(gm)
         whole_record = PartitionRecorder(keep_joints=True)
         try:
             compiled = compiler_for(probe_options, whole_record)(gm, example_inputs)
@@ -274,7 +273,7 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
             split_record = PartitionRecorder(keep_joints=True)
             try:
                 split_compiled, decisions = _compile_split(
-                    copy.deepcopy(whole), example_inputs, chunks,
+                    _compat.deepcopy_graph(whole), example_inputs, chunks,
                     compiler_for(probe_options, split_record), "forward_grads", ("loss",))
             except Exception as error:
                 if _unreachable(error) is None:
@@ -331,7 +330,7 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
             record = PartitionRecorder()
             try:
                 compiled, decisions = _compile_split(
-                    copy.deepcopy(whole), example_inputs, chunks,
+                    _compat.deepcopy_graph(whole), example_inputs, chunks,
                     compiler_for(options if last else probe_options, record), mode, kinds)
             except Exception as error:
                 if _unreachable(error) is None:

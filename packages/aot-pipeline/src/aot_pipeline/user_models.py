@@ -85,7 +85,9 @@ class ModelSpec:
     @property
     def label(self) -> str:
         if self.source == "builtin":
-            return f"{self.name} ({self.layers} layers)" if self.layers else self.name
+            sizes = [f"{self.layers} layers"] if self.layers else []
+            sizes += [f"{key} {value}" for key, value in self.config.items()]
+            return f"{self.name} ({', '.join(sizes)})" if sizes else self.name
         if self.source == "factory":
             return self.name
         return f"{self.source}:{self.name}"
@@ -94,7 +96,8 @@ class ModelSpec:
         """The module and its inputs; weights drawn under ``torch.manual_seed(seed)``, so every
         call gives the same model."""
         if self.source == "builtin":
-            return build_model(self.name, layers=self.layers, device=device, seed=seed)
+            return build_model(self.name, layers=self.layers, device=device, seed=seed,
+                               **dict(self.config))
         if self.source not in SOURCES:
             raise UserModelError(f"unknown model source {self.source!r}; choose one of "
                                  f"{', '.join(SOURCES)}")
