@@ -16,6 +16,7 @@ tokens not ignored (nan when there are none, as torch's), ``label_smoothing`` as
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -362,6 +363,28 @@ def compiled_body_planned(target: Any, args: tuple[Any, ...]) -> bool:
                               _chunk_rows(int(hidden.shape[0]), chunks), int(weight.shape[0]))
 
 
+@functools.lru_cache(maxsize=64)
+def _projection_scratch(rows: int, dim: int, vocab: int, dtype: torch.dtype) -> int | None:
+    """What oneDNN allocates inside one chunk's low-precision projection on this CPU (it
+    depends on the instruction set: AMX tiles need far less than AVX-512), measured once per
+    shape on a product of at most 4,096 x 4,096 outputs (the scratch follows the inner
+    dimension, not the outer two); None where it cannot run."""
+    from ..fx._compat import real_kernels
+    from ..memory_models.simulator import _measure_cpu_profiler
+
+    try:  # real tensors even inside a compile; a generator of its own: the user's is not moved
+        with real_kernels(), torch.no_grad():
+            generator = torch.Generator().manual_seed(0)
+            hidden = torch.randn(min(rows, 4096), dim, generator=generator).to(dtype)
+            weight = torch.randn(min(vocab, 4096), dim, generator=generator).to(dtype)
+            F.linear(hidden, weight)  # oneDNN's first call sets up its kernels
+            measured = _measure_cpu_profiler(lambda: F.linear(hidden, weight), "cpu")
+    except Exception:  # noqa: BLE001 - an estimate then, not a failure
+        return None
+    output = hidden.shape[0] * weight.shape[0] * hidden.element_size()
+    return max(0, measured.peak_bytes - output)
+
+
 def workspace_bytes(target: Any, args: tuple[Any, ...]) -> int:
     """What one call allocates and frees inside (its outputs excluded), from the argument
     shapes (measured on CPU, torch 2.13): one chunk's logits (the eager body: in the compute
@@ -380,8 +403,16 @@ def workspace_bytes(target: Any, args: tuple[Any, ...]) -> int:
     if compiled_body_planned(target, args):
         logits = chunk * low
         # with gradients, the transposed gradient's copy for a bf16 weight-gradient product;
-        # without, the fused kernel's and oneDNN's scratch for a bf16 projection
-        logits += (chunk * low if grads else rows * 512 + dim * 256) if mixed else 0
+        # without, oneDNN's scratch for a bf16 projection (the chunk's vectors come after it)
+        if mixed and grads:
+            logits += chunk * low
+        elif mixed:
+            device = getattr(hidden, "device", None)
+            scratch = (_projection_scratch(rows, dim, vocab, hidden.dtype)
+                       if device is not None and device.type == "cpu" else None)
+            if scratch is not None:
+                return logits + max(scratch, 8 * rows * 8)
+            logits += rows * 512 + dim * 256  # measured on an AVX-512 CPU without AMX
     else:
         logits = chunk * compute.itemsize + (chunk * low if mixed else 0)
         logits += chunk * low if mixed and grads else 0  # the gradient cast back
