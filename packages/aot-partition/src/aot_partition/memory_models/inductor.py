@@ -33,6 +33,7 @@ import torch.utils._pytree as pytree
 
 from ..fx.sizes import saved_bytes, storage_key, tensor_nbytes
 from . import lowering_memo
+from .scalar_codegen import scalar_kernels_where_memory_allows
 from .simulator import (
     MemoryTimeline,
     _backward_inputs,
@@ -160,7 +161,8 @@ def _detached_module(graph_or_module: fx.Graph | fx.GraphModule,
 def _lowering_context(fake_mode: Any) -> Iterator[None]:
     """What compile_fx_inner sets around a lowering, minus what would run kernels: no
     autotuning (it benchmarks candidates), no C++ wrapper (the Python wrapper's lines are
-    the ones walked), kernels generated as source only."""
+    the ones walked), kernels generated as source only, and on the CPU scalar only where
+    the buffer plan does not depend on the vector kernels (scalar_codegen.py)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.debug import DebugContext
     from torch._inductor.virtualized import V
@@ -169,7 +171,8 @@ def _lowering_context(fake_mode: Any) -> Iterator[None]:
                "max_autotune_pointwise": False, "cpp_wrapper": False,
                "triton.cudagraphs": False, "trace.enabled": False}
     known = {k: v for k, v in patches.items() if _has_config(inductor_config, k)}
-    with V.set_fake_mode(fake_mode), DebugContext(), inductor_config.patch(known):
+    with V.set_fake_mode(fake_mode), DebugContext(), inductor_config.patch(known), \
+            scalar_kernels_where_memory_allows():
         yield
 
 
