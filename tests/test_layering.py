@@ -137,7 +137,8 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
      "core.load", "core.timeline", "core.report", "core.cut_family", "core.budget", "core"),
     # fx/ leaves: torch-release differences, the joint graph's conventions, sizes, functional
     # collectives (they may import each other; the cycle test keeps them acyclic)
-    ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives"),
+    ("fx", "fx._compat", "fx.graph_modules", "fx.joint", "fx.sizes", "fx.collectives",
+     "fx.profiled_peak"),
     # split/'s ops: custom ops a compiler sees as one call (leaves the front end classifies),
     # and the compiled body of their chunks
     ("split", "split.chunk_body", "split.chunk_count", "split.chunked_loss", "split.chunked_mlp"),
@@ -161,7 +162,7 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # program, CUDA's caching allocator, peaks under dynamic shapes)
     ("memory_models", "memory_models.symbolic_peak", "memory_models.shape_guards",
      "memory_models.caching_allocator", "memory_models.simulator", "memory_models.inductor",
-     "memory_models.pricing", "memory_models.lowering_memo"),
+     "memory_models.pricing", "memory_models.lowering_memo", "memory_models.scalar_codegen"),
     # budget/: the memory-budget search
     ("budget", "budget.search"),
     # the candidate cuts a cap chooses among; the peak cap's measure

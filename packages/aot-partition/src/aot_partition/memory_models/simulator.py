@@ -23,15 +23,12 @@ and returns the peak the allocator saw, to check the model against.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import logging
 import math
 import operator
-import os
-import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,6 +42,7 @@ from ..fx._compat import check_real_tensors, real_kernels
 from ..fx.joint import is_backward_state, is_bwd_seed_offset, is_random, is_tangent
 from ..fx.passes.offload_ops import OFFLOAD_META, offload_to_host
 from ..fx.passes.reorder import _backward_order
+from ..fx.profiled_peak import profiled_cpu_peak
 from ..fx.sizes import (
     has_no_result,
     saved_bytes,
@@ -927,58 +925,8 @@ def measure_peak(step: Callable[[], Any], device: str | torch.device = "cpu", *,
 
 def _measure_cpu_profiler(step: Callable[[], Any], device: str, *,
                           grad: bool = False) -> MeasuredMemory:
-    from torch.profiler import ProfilerActivity, profile
-
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    with _native_stderr_silenced():
-        prof.start()
-    try:
-        with torch.set_grad_enabled(grad):
-            kept = step()
-    finally:
-        with _native_stderr_silenced():
-            prof.stop()
-    deltas = _allocation_deltas(prof)
-    del kept
-    total = peak = 0
-    for _, delta in sorted(deltas, key=lambda d: d[0]):
-        total += delta
-        peak = max(peak, total)
-    return MeasuredMemory(peak, total, device, "profiler")
-
-
-@contextlib.contextmanager
-def _native_stderr_silenced() -> Iterator[None]:
-    """The process's stderr (file descriptor 2) sent to /dev/null: kineto writes "USDT: ...
-    profiler_start" / "profiler_stop" there at each start and stop of the profiler (and, on a
-    build with CUDA libraries but no GPU, "gpuGetDeviceCount failed"), lines nothing in the run
-    can act on, which a measured CLI run would print per variant. Only around start and stop:
-    the measured step's own messages still reach stderr."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def _allocation_deltas(prof: Any) -> list[tuple[int, int]]:
-    """(time ns, +bytes allocated / -bytes freed) of every CPU allocator event recorded."""
-    allocation = torch._C._profiler._EventType.Allocation
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    out = []
-    while stack:
-        event = stack.pop()
-        stack.extend(event.children)
-        if event.tag == allocation:
-            fields = event.extra_fields
-            if fields.device.type == "cpu":
-                out.append((event.start_time_ns, int(fields.alloc_size)))
-    return out
+    peak, end = profiled_cpu_peak(step, grad=grad)
+    return MeasuredMemory(peak, end, device, "profiler")
 
 
 def _measure_cuda(step: Callable[[], Any], device: torch.device, *,

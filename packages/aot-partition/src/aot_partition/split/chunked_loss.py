@@ -370,7 +370,7 @@ def _projection_scratch(rows: int, dim: int, vocab: int, dtype: torch.dtype) -> 
     shape on a product of at most 4,096 x 4,096 outputs (the scratch follows the inner
     dimension, not the outer two); None where it cannot run."""
     from ..fx._compat import real_kernels
-    from ..memory_models.simulator import _measure_cpu_profiler
+    from ..fx.profiled_peak import profiled_cpu_peak
 
     try:  # real tensors even inside a compile; a generator of its own: the user's is not moved
         with real_kernels(), torch.no_grad():
@@ -378,11 +378,11 @@ def _projection_scratch(rows: int, dim: int, vocab: int, dtype: torch.dtype) -> 
             hidden = torch.randn(min(rows, 4096), dim, generator=generator).to(dtype)
             weight = torch.randn(min(vocab, 4096), dim, generator=generator).to(dtype)
             F.linear(hidden, weight)  # oneDNN's first call sets up its kernels
-            measured = _measure_cpu_profiler(lambda: F.linear(hidden, weight), "cpu")
+            peak, _ = profiled_cpu_peak(lambda: F.linear(hidden, weight))
     except Exception:  # noqa: BLE001 - an estimate then, not a failure
         return None
     output = hidden.shape[0] * weight.shape[0] * hidden.element_size()
-    return max(0, measured.peak_bytes - output)
+    return max(0, peak - output)
 
 
 def workspace_bytes(target: Any, args: tuple[Any, ...]) -> int:
