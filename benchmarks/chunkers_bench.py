@@ -383,7 +383,9 @@ def measure(name: str, model: ModelSpec, variant: Variant, rows: list[Row], args
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="chunkers-") as tmp:
         out = os.path.join(tmp, "row.json")
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+        from aot_pipeline.train import cold_cache_environment
+
+        env = dict(os.environ, **cold_cache_environment(os.path.join(tmp, "inductor")),
                    TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
                    OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
         env.pop("TORCHINDUCTOR_AUTO_CHUNKER", None)

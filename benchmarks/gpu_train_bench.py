@@ -356,7 +356,9 @@ def child_command(args: argparse.Namespace, model: str, variant: str, out: str) 
 def run_child(args: argparse.Namespace, model: str, variant: str, cache_dir: str) -> dict:
     """One (model, variant) in a fresh process with ``cache_dir`` as Inductor's cache."""
     os.makedirs(cache_dir, exist_ok=True)
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1")
+    from aot_pipeline.train import cold_cache_environment
+
+    env = dict(os.environ, **cold_cache_environment(cache_dir), PYTHONUNBUFFERED="1")
     out = cache_dir + ".json"
     try:
         completed = subprocess.run(child_command(args, model, variant, out), env=env,

@@ -1,5 +1,14 @@
+import os
+
 import pytest
 import torch
+
+# The fresh processes of `aot-pipeline train` and of the benchmarks' smoke runs keep the
+# suite's Inductor cache instead of an empty one each (aot_pipeline.train.shared_inductor_cache):
+# the tests check what their tables hold, not cold compile times, and the C++ compiler's runs
+# of kernels already built were minutes of a cold CI run. test_pipeline_train.py unsets it to
+# run the cold path.
+os.environ.setdefault("AOT_PIPELINE_SHARED_INDUCTOR_CACHE", "1")
 
 # The heaviest test files first (seconds summed over a file's tests, a cold run on 2 cores,
 # 2026-12-07): `-n 2 --dist loadfile` hands files out in collection order, so a long file

@@ -71,6 +71,7 @@ def test_isolated_variants_run_in_fresh_processes_with_the_same_losses(monkeypat
 
     parent_cache = str(tmp_path / "parent-cache")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", parent_cache)
+    monkeypatch.delenv("AOT_PIPELINE_SHARED_INDUCTOR_CACHE", raising=False)  # cold, as users run
     settings = TrainSettings(model="mlp", layers=2, steps=3, compiler="nop", memory_budget=0.5,
                              variants=("eager", "aot_pipeline"))
     in_process = train_all(settings, progress=False)
@@ -202,3 +203,26 @@ def test_a_language_models_training_step_is_its_next_token_loss_in_one_module():
     assert dict(spec.config) == TRAIN_LM_SIZES
     assert spec.label == "gpt (2 layers, vocab 1024, seq 256)"
     assert TrainSettings(model="mlp", layers=1).spec().label == "mlp (1 layers)"
+
+
+def test_a_shared_cache_keeps_the_callers_and_a_bad_value_is_named(monkeypatch, tmp_path):
+    """AOT_PIPELINE_SHARED_INDUCTOR_CACHE=1 (the test suite's setting): the fresh processes
+    keep the caller's Inductor cache; unset or 0, each gets an empty one; anything else is
+    refused naming the valid values."""
+    from aot_pipeline.train import cold_cache_environment
+
+    folder = str(tmp_path / "cold")
+    for value in (None, "0"):
+        if value is None:
+            monkeypatch.delenv("AOT_PIPELINE_SHARED_INDUCTOR_CACHE", raising=False)
+        else:
+            monkeypatch.setenv("AOT_PIPELINE_SHARED_INDUCTOR_CACHE", value)
+        assert cold_cache_environment(folder) == {
+            "TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": str(tmp_path / "cold" / "triton")}
+    monkeypatch.setenv("AOT_PIPELINE_SHARED_INDUCTOR_CACHE", "1")
+    assert cold_cache_environment(folder) == {}
+    monkeypatch.setenv("AOT_PIPELINE_SHARED_INDUCTOR_CACHE", "yes")
+    with pytest.raises(PipelineOptionError, match=(
+            r"AOT_PIPELINE_SHARED_INDUCTOR_CACHE='yes': use 1 \(share the caller's Inductor "
+            r"cache\) or 0 \(an empty cache per process, the default\)")):
+        cold_cache_environment(folder)

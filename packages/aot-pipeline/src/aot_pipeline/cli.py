@@ -544,7 +544,13 @@ def _best_effort_warnings_as_lines() -> Iterator[None]:
 
 def _train(args: argparse.Namespace) -> int:
     from .report import train_table
-    from .train import TrainSettings, check_device, train_all
+    from .train import (
+        SHARED_CACHE_VARIABLE,
+        TrainSettings,
+        check_device,
+        shared_inductor_cache,
+        train_all,
+    )
 
     check_device(args.device)
     variants = args.variants
@@ -557,8 +563,9 @@ def _train(args: argparse.Namespace) -> int:
         **({"capped_budget": args.capped_budget} if args.capped_budget else {}),
     )
     options = settings.pipeline_options()  # a given option a set flag contradicts fails here
-    # Each compiled variant in a fresh process with an empty Inductor cache: compile times
-    # are cold for all, not only for whichever variant happens to run first.
+    shared_cache = shared_inductor_cache()  # a bad value fails here, before any variant runs
+    # Each compiled variant in a fresh process with an empty Inductor cache (unless shared):
+    # compile times are cold for all, not only for whichever variant happens to run first.
     results = train_all(settings, progress=not args.no_progress, isolated=True)
     print(f"{settings.spec().label}, {args.steps} steps on {args.device}; ours: "
           f"{_options_budget_words(options)}, solver {options.solver}, compiler {args.compiler}"
@@ -573,6 +580,9 @@ def _train(args: argparse.Namespace) -> int:
         print("the saved-bytes cap and the table's saved activations count the same bytes: "
               "what the forward keeps alive beyond its inputs (parameters, buffers, the batch "
               "and views of them cost nothing)")
+    if shared_cache:
+        print(f"compile times are warm, not cold: {SHARED_CACHE_VARIABLE}=1 shares the caller's "
+              "Inductor cache between the variants' processes")
     if args.json:
         payload = {"settings": {k: v for k, v in asdict(settings).items()},
                    "results": [asdict(r) for r in results]}

@@ -344,14 +344,36 @@ def train_all(settings: TrainSettings, progress: bool = True,
     return results
 
 
+SHARED_CACHE_VARIABLE = "AOT_PIPELINE_SHARED_INDUCTOR_CACHE"
+
+
+def shared_inductor_cache() -> bool:
+    """Whether ``AOT_PIPELINE_SHARED_INDUCTOR_CACHE=1`` asks the fresh processes of ``train``
+    and the benchmarks to keep the caller's Inductor cache instead of an empty one each: their
+    compile times are then warm, not cold (the test suite sets it: its tables are checked for
+    what they hold, and the C++ compiler's runs of the same kernels are most of its time)."""
+    value = os.environ.get(SHARED_CACHE_VARIABLE, "")
+    if value not in ("", "0", "1"):
+        raise PipelineOptionError(f"{SHARED_CACHE_VARIABLE}={value!r}: use 1 (share the caller's "
+                         "Inductor cache) or 0 (an empty cache per process, the default)")
+    return value == "1"
+
+
+def cold_cache_environment(folder: str) -> dict[str, str]:
+    """The environment a fresh process compiles in: Inductor's (and Triton's) cache in
+    ``folder`` (empty: a cold compile), or nothing changed under ``shared_inductor_cache()``."""
+    if shared_inductor_cache():
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": os.path.join(folder, "triton")}
+
+
 def _train_isolated(variant: str, settings: TrainSettings, progress: bool) -> TrainResult:
     """``train_variant`` in a fresh (spawned) process with its own empty Inductor cache."""
     import multiprocessing
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="aot-pipeline-train-") as cache:
-        environment = {"TORCHINDUCTOR_CACHE_DIR": cache,
-                       "TRITON_CACHE_DIR": os.path.join(cache, "triton")}
+        environment = cold_cache_environment(cache)
         context = multiprocessing.get_context("spawn")
         with context.Pool(1, initializer=_set_environment, initargs=(environment,)) as pool:
             outcome = pool.apply(_train_in_child, (variant, settings, progress))
