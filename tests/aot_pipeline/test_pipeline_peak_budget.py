@@ -7,6 +7,7 @@ shape under dynamic shapes (a guard per cap: a shape that would break it compile
 from __future__ import annotations
 
 import copy
+import logging
 
 import aot_pipeline
 import pytest
@@ -131,22 +132,26 @@ def test_a_peak_fraction_holds_against_the_uncapped_peak(uncapped):
     assert step.compiled.options.memory_peak_fraction == 0.85
 
 
-def test_an_unreachable_peak_cap_fails_the_compile_naming_the_least_peak(uncapped):
+def test_an_unreachable_peak_cap_fails_the_compile_naming_the_least_peak(uncapped, caplog):
     _, top = uncapped
-    with pytest.raises(Exception) as info:
+    with caplog.at_level(logging.INFO, logger="aot_pipeline.splitting"), \
+            pytest.raises(Exception) as info:
         compile_step(tiny_gpt(), "64KiB peak")
     error = _cause(info.value, UnreachableMemoryBudgetError)
     assert error is not None, info.value
     assert str(error).startswith("Inductor-modelled memory peak cap 65536 bytes is "
                                  "unreachable: the least this graph can peak at is ")
     assert top.baseline_bytes < error.least <= top.peak_bytes
+    # 64 KiB is below the GPT's own parameters: no split can fit, so only the most frugal
+    # (the MLPs too, the loss recomputed) was priced, for the least above.
+    assert "is below this graph's inputs" in caplog.text
     # The refusal priced the step's candidate cuts; the best-effort compile (what a user runs
-    # next) finds most of their graphs lowered already (memory_models/lowering_memo.py).
+    # next) finds their graphs lowered already (memory_models/lowering_memo.py).
     before = lowering_memo.lowering_memo_stats()
     with pytest.warns(MemoryBudgetBestEffortWarning, match="best effort"):
         step = compile_step(tiny_gpt(), "64KiB peak", memory_budget_best_effort=True)
     after = lowering_memo.lowering_memo_stats()
-    assert after["hits"] - before["hits"] > after["misses"] - before["misses"], (before, after)
+    assert after["hits"] > before["hits"], (before, after)
     # Best effort takes the least peak as its cap. The model is exact here to a few bytes (a
     # 4-byte scalar the backward holds longer than its wrapper says), hence the small slack.
     assert step.measure().peak_bytes + top.baseline_bytes <= error.least + 64
@@ -298,3 +303,20 @@ def test_a_byte_cap_holds_at_every_sequence_length_of_a_transformers_gpt2():
         assert kept.end_bytes - 4 <= cap, seq  # what the forward leaves: saved + the loss
     assert counters["stats"]["unique_graphs"] == 3
     torch._dynamo.reset()
+
+
+def test_below_the_inputs_only_the_most_frugal_split_is_tried_above_them_all_are():
+    """aot_pipeline.splitting: a cap below what every plan holds (the graph's inputs, each
+    storage once) tries only the most frugal split, for the least the graph can peak at; at
+    or above the inputs, every attempt is tried (a split may fit)."""
+    from aot_pipeline.splitting import attempts_that_can_fit, held_input_bytes
+
+    weight = torch.zeros(64, 64)  # 16 KiB
+    inputs = [weight, weight.t(), weight[:8], torch.zeros(8, dtype=torch.int64), 3]
+    assert held_input_bytes(inputs) == 16384 + 64  # one storage counted once; ints are free
+    attempts = [(2, "forward_grads", ("loss",)), (4, "forward_grads", ("loss",)),
+                (4, "recompute", ("loss", "mlp"))]
+    assert attempts_that_can_fit(attempts, 16448, cap=16447) == attempts[-1:]
+    assert attempts_that_can_fit(attempts, 16448, cap=16448) == attempts
+    assert attempts_that_can_fit(attempts, None, cap=1) == attempts  # symbolic shapes
+    assert attempts_that_can_fit(attempts[:1], 16448, cap=1) == attempts[:1]

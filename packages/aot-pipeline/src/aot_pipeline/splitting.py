@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from . import _compat, step_cap
@@ -95,6 +96,38 @@ def _unreachable(error: BaseException) -> Any:
             return e
         stack += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
     return None
+
+
+def held_input_bytes(example_inputs: Sequence[Any]) -> int | None:
+    """Bytes of a graph's tensor inputs, each storage once: the caller holds them through the
+    whole step, so every plan's modelled peak is at least this. None under symbolic shapes."""
+    from aot_partition.fx.sizes import storage_key
+
+    held: dict[int, int] = {}
+    for value in example_inputs:
+        if not isinstance(value, torch.Tensor):
+            continue
+        numel = value.numel()
+        if not isinstance(numel, int):
+            return None
+        key = storage_key(value)
+        key = id(value) if key is None else key
+        held[key] = max(held.get(key, 0), numel * value.element_size())
+    return sum(held.values())
+
+
+def attempts_that_can_fit(attempts: list[Any], floor: int | None, cap: int) -> list[Any]:
+    """The split attempts worth compiling under ``cap``, most frugal last. Every plan holds
+    the graph's inputs (``floor`` bytes) from start to end: below them none fits, and the most
+    frugal alone is tried, for the least this graph can peak at (what the full sweep's last
+    attempt says; under best effort, the plan compiled): a refusal then prices one plan, not
+    all of them."""
+    if floor is None or floor <= cap or len(attempts) <= 1:
+        return attempts
+    log.info("peak cap %d bytes is below this graph's inputs (%d bytes), which every plan "
+             "holds: no split fits; only the most frugal, %s, is priced", cap, floor,
+             attempts[-1])
+    return attempts[-1:]
 
 
 def chunk_counts(sites: Sequence[Any], gap_bytes: int) -> list[int]:
@@ -319,6 +352,8 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
             attempts += [(k, "forward_grads", ("loss", "mlp")) for k in counts]
             if sites:
                 attempts.append((counts[-1], "recompute", ("loss", "mlp")))
+        attempts = attempts_that_can_fit(attempts, held_input_bytes(example_inputs),
+                                         unreachable.cap)
         log.info("peak cap unreachable whole (least %d bytes, cap %d): trying splits %s",
                  unreachable.least, unreachable.cap, attempts)
         noted = False
