@@ -11,24 +11,29 @@ import torch
 os.environ.setdefault("AOT_PIPELINE_SHARED_INDUCTOR_CACHE", "1")
 
 # The heaviest test files first (seconds summed over a file's tests, a cold run on 2 cores,
-# 2026-12-07): `-n 2 --dist loadfile` hands files out in collection order, so a long file
-# collected last keeps one worker busy while the other idles (five minutes of it on CI).
-# Longest first balances the two; files not named keep their order after these.
+# 2026-12-07 19:17 UTC, before the shared train cache and the early refusal below the inputs):
+# `-n 2 --dist loadfile` hands files out in collection order, so a long file collected last
+# keeps one worker busy while the other idles (five minutes of it on CI). Longest first
+# balances the two; files not named keep their order after these.
 HEAVY_FILES = (
-    "aot_pipeline/test_token_split.py",             # 392
-    "test_readme_examples.py",                      # 258
-    "aot_pipeline/test_pipeline_peak_budget.py",    # 231
-    "aot_pipeline/test_gpu_proof_smoke.py",         # 166
-    "aot_partition/test_distributed_tp.py",         # 160
-    "aot_pipeline/test_pipeline_cli.py",            # 157
-    "aot_pipeline/test_chunkers_bench_smoke.py",    # 147
-    "aot_partition/test_distributed_decisions.py",  # 143
-    "aot_pipeline/test_step_cap_vs_torch.py",       # 113
-    "aot_pipeline/test_real_models.py",             # 90
+    "aot_pipeline/test_token_split.py",             # 406
+    "test_readme_examples.py",                      # 300
+    "aot_pipeline/test_pipeline_peak_budget.py",    # 265
+    "aot_pipeline/test_pipeline_cli.py",            # 256
+    "aot_partition/test_distributed_tp.py",         # 184
+    "aot_partition/test_distributed_decisions.py",  # 166
+    "aot_pipeline/test_gpu_proof_smoke.py",         # 148
+    "aot_pipeline/test_step_cap_vs_torch.py",       # 133
+    "aot_pipeline/test_real_models.py",             # 98
+    "aot_pipeline/test_pipeline_train.py",          # 93
     "aot_pipeline/test_pipeline_entry_point.py",    # 88
-    "aot_pipeline/test_pipeline_caches.py",         # 74
+    "aot_pipeline/test_chunkers_bench_smoke.py",    # 84
+    "aot_pipeline/test_pipeline_caches.py",         # 75
     "test_ranks.py",                                # 73
-    "aot_pipeline/test_step_cap.py",                # 69
+    "aot_pipeline/test_trainers.py",                # 62
+    "aot_pipeline/test_gpu_train_bench_smoke.py",   # 59
+    "aot_pipeline/test_step_cap.py",                # 58
+    "aot_partition/test_scalar_codegen.py",         # 55
 )
 
 
