@@ -162,7 +162,8 @@ AOT_PARTITION_LAYERS: list[tuple[str, ...]] = [
     # program, CUDA's caching allocator, peaks under dynamic shapes)
     ("memory_models", "memory_models.symbolic_peak", "memory_models.shape_guards",
      "memory_models.caching_allocator", "memory_models.simulator", "memory_models.inductor",
-     "memory_models.pricing", "memory_models.lowering_memo", "memory_models.scalar_codegen"),
+     "memory_models.pricing", "memory_models.lowering_memo", "memory_models.scalar_codegen",
+     "memory_models.chunk_scratch"),
     # budget/: the memory-budget search
     ("budget", "budget.search"),
     # the candidate cuts a cap chooses among; the peak cap's measure

@@ -149,3 +149,44 @@ def test_a_failed_lowering_is_not_kept(partition, monkeypatch):
     lower_for_memory(fw, is_backward=False)
     assert lowering_memo.lowering_memo_stats()["kept"] == 1
     lowering_memo.clear_lowering_memo()
+
+
+def _with_chunks(gm, chunks):
+    """A copy of ``gm`` whose split calls take ``chunks`` chunks."""
+    from aot_partition.memory_models.chunk_scratch import chunked_calls
+
+    copied = copy.deepcopy(gm)
+    calls = chunked_calls(copied.graph)
+    for node in calls:
+        node.args = (*node.args[:-1], chunks)
+    copied.recompile()
+    return copied, len(calls)
+
+
+def _scratch(program):
+    return [e for e in program.events if isinstance(e, inductor_memory.Workspace)]
+
+
+def test_the_split_at_another_chunk_count_is_not_lowered_again_and_prices_as_lowered(lowerings):
+    """A peak cap tries the split at 2, 4, 8 ... chunks: the same graph but for the split op's
+    chunk count, which changes only the op's scratch. The graph at 4 chunks is priced from the
+    lowering at 2 (no lowering more), its scratch worked out at 4: the same program as a fresh
+    lowering at 4, and another scratch than at 2 (one chunk's logits are half as large)."""
+    step = compile_step(tiny_gpt(vocab=64, dim=32, seq=16, batch=2), 1.0, split=2,
+                        compiler="nop")
+    fw, bw = step.partitions[0]
+    fw2, calls = _with_chunks(fw, 2)
+    assert calls == 1  # the loss with its gradients, in the forward
+    fw4, _ = _with_chunks(fw, 4)
+    at_two = lower_partition(fw2, bw)
+    assert lowerings == [False, True]
+    at_four = lower_partition(fw4, copy.deepcopy(bw))
+    assert lowerings == [False, True]  # both from the memo
+    lowering_memo.clear_lowering_memo()
+    fresh = lower_partition(fw4, bw)
+    assert lowerings == [False, True, False, True]
+    assert at_four.forward == fresh.forward and at_four.backward == fresh.backward
+    assert at_four.timeline().peak_bytes == fresh.timeline().peak_bytes
+    # The opposite case: the scratch was worked out again, not copied from 2 chunks.
+    assert _scratch(at_two.forward) and _scratch(at_four.forward) != _scratch(at_two.forward)
+    assert at_four.forward.chunk_counts == (4,) and at_two.forward.chunk_counts == (2,)

@@ -29,10 +29,9 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
-from ..fx.sizes import saved_bytes, storage_key, tensor_nbytes
-from . import lowering_memo
+from ..fx.sizes import saved_bytes, storage_key
+from . import chunk_scratch, lowering_memo
 from .scalar_codegen import scalar_kernels_where_memory_allows
 from .simulator import (
     MemoryTimeline,
@@ -131,6 +130,10 @@ class CompiledGraphMemory:
     # Per graph output, the strides Inductor gives it (None: not a tensor, or symbolic): the
     # backward receives saved activations with these (layout optimization may change them).
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
+    # The split's chunked calls: where their scratch sits, and their chunk counts (the same
+    # lowering serves every count: chunk_scratch.py).
+    chunked_scratch: tuple[chunk_scratch.ChunkScratch, ...] = ()
+    chunk_counts: tuple[Any, ...] = ()
 
     def symbols(self) -> set[sympy.Symbol]:
         found: set[sympy.Symbol] = set()
@@ -203,17 +206,35 @@ def lower_for_memory(graph: fx.Graph | fx.GraphModule, *, is_backward: bool,
     values = _placeholder_values(gm)
     key = None
     if lowering_memo.memo_enabled():
-        key = lowering_memo.lowering_memo_key(
-            gm, values, is_backward=is_backward, donated=donated, workspace=workspace,
-            user_outputs=user_outputs, input_strides=input_strides)
+        with chunk_scratch.chunk_counts_hidden(gm):  # one lowering for every chunk count
+            key = lowering_memo.lowering_memo_key(
+                gm, values, is_backward=is_backward, donated=donated, workspace=workspace,
+                user_outputs=user_outputs, input_strides=input_strides)
         kept = lowering_memo.MEMO.get(key) if key is not None else None
-        if kept is not None:
-            return kept
+        found = _at_chunk_counts(kept, gm) if kept is not None else None
+        if found is not None:
+            return found
     lowered = _lower(gm, values, is_backward=is_backward, donated=donated, workspace=workspace,
                      user_outputs=user_outputs, input_strides=input_strides)
     if key is not None:
         lowering_memo.MEMO.put(key, lowered)
     return lowered
+
+
+def _at_chunk_counts(lowered: CompiledGraphMemory, gm: fx.GraphModule
+                     ) -> CompiledGraphMemory | None:
+    """``lowered`` (of ``gm`` at some chunk counts) with its chunked calls' scratch at
+    ``gm``'s own counts; None when Inductor's passes changed the chunked calls (their number):
+    then ``gm`` is lowered itself."""
+    counts = chunk_scratch.chunk_counts(gm)
+    if counts == lowered.chunk_counts:
+        return lowered
+    if len(counts) != len(lowered.chunk_counts):
+        return None
+    events, slots = chunk_scratch.rescratched(lowered.events, lowered.chunked_scratch, gm,
+                                              Workspace)
+    return dataclasses.replace(lowered, events=events, chunked_scratch=slots,
+                               chunk_counts=counts)
 
 
 def _lower(gm: fx.GraphModule, values: list[Any], *, is_backward: bool, donated: Sequence[int],
@@ -381,18 +402,14 @@ def _is_chunked_loss(node: Any) -> bool:
     return op in CHUNKED_OPS or op in CHUNKED_MLP_OPS
 
 
-def _extern_workspace(node: Any, with_outputs: bool = False) -> list[Event]:
-    """The workspace event of an extern kernel whose op can be measured (none if 0): its FX
-    op run on tensors laid out as the kernel's inputs are (Inductor may have made them
-    channels-last, which changes what a library reorders). ``with_outputs``: the transient
-    includes the op's outputs (a multi-output kernel's items, not yet allocated here)."""
-    from .simulator import profiled_workspace
-
+def _extern_inputs(node: Any) -> tuple[fx.Node, list[fx.Node], dict[fx.Node, tuple[int, ...]]] | None:
+    """An extern kernel's FX origin, its tensor inputs, and the strides they arrive with in
+    the kernel (Inductor may have made them channels-last, which changes what a library
+    reorders); None when the origin is not known."""
     origin = _extern_origin(node)
     if origin is None or "val" not in origin.meta:
-        return []
-    leaves = [a for a in pytree.tree_leaves((origin.args, origin.kwargs))
-              if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)]
+        return None
+    leaves = chunk_scratch.tensor_inputs(origin)
     inputs = [x for x in getattr(node, "inputs", ()) if hasattr(x, "get_stride")]
     strides: dict[fx.Node, tuple[int, ...]] = {}
     if len(leaves) == len(inputs):
@@ -401,11 +418,33 @@ def _extern_workspace(node: Any, with_outputs: bool = False) -> list[Event]:
                 strides[leaf] = tuple(int(s) for s in ir_input.get_stride())
             except Exception:  # a symbolic stride: the value's own
                 continue
-    nbytes = profiled_workspace(origin, strides)
-    if nbytes and with_outputs:
-        nbytes += sum(tensor_nbytes(v) for v in pytree.tree_leaves(origin.meta["val"])
-                      if isinstance(v, torch.Tensor))
+    return origin, leaves, strides
+
+
+def _extern_workspace(node: Any, with_outputs: bool = False) -> list[Event]:
+    """The workspace event of an extern kernel whose op can be measured (none if 0): its FX
+    op run on tensors laid out as the kernel's inputs are. ``with_outputs``: the transient
+    includes the op's outputs (a multi-output kernel's items, not yet allocated here)."""
+    found = _extern_inputs(node)
+    if found is None:
+        return []
+    nbytes = chunk_scratch.scratch_bytes(found[0], found[2], with_outputs)
     return [Workspace(_label(node), nbytes)] if nbytes else []
+
+
+def _chunk_slot(node: Any, position: int, with_outputs: bool
+                ) -> tuple[chunk_scratch.ChunkScratch | None, list[Event]]:
+    """A chunked call's scratch (``_extern_workspace``) and where it sits, to work it out
+    again at other chunk counts (chunk_scratch.py)."""
+    found = _extern_inputs(node)
+    if found is None:
+        return None, []
+    origin, leaves, strides = found
+    nbytes = chunk_scratch.scratch_bytes(origin, strides, with_outputs)
+    slot = chunk_scratch.ChunkScratch(
+        position, chunk_scratch.chunked_calls(origin.graph).index(origin),
+        tuple(strides.get(leaf) for leaf in leaves), with_outputs, _label(node), nbytes > 0)
+    return slot, ([Workspace(slot.label, nbytes)] if nbytes else [])
 
 
 def _program(lowering: Any, gm: fx.GraphModule, workspace: bool = False
@@ -415,7 +454,17 @@ def _program(lowering: Any, gm: fx.GraphModule, workspace: bool = False
 
     removed = set(lowering.removed_buffers)
     events: list[Event] = []
+    slots: list[chunk_scratch.ChunkScratch] = []
     kernels = 0
+
+    def scratch(node: Any, with_outputs: bool = False) -> None:
+        if _is_chunked_loss(node):
+            slot, made = _chunk_slot(node, len(events), with_outputs)
+            slots.extend([slot] if slot is not None else [])
+            events.extend(made)
+        elif workspace:
+            events.extend(_extern_workspace(node, with_outputs))
+
     for line in lowering.wrapper_code.lines:
         kind = type(line).__name__
         if kind == "AllocateLine":
@@ -444,21 +493,20 @@ def _program(lowering: Any, gm: fx.GraphModule, workspace: bool = False
                 events.append(Alloc(node.get_name(), 0, _label(node)))  # the returned tuple
             else:
                 events.append(Alloc(node.get_name(), _nbytes(lowering, node), _label(node)))
-            if workspace or _is_chunked_loss(node):
-                # A tuple's items are bound after the call (and after frees of its inputs),
-                # but the library allocated them before its scratch: they peak together.
-                events.extend(_extern_workspace(
-                    node, with_outputs=isinstance(node.layout, ir.MultiOutputLayout)))
+            # A tuple's items are bound after the call (and after frees of its inputs), but
+            # the library allocated them before its scratch: they peak together.
+            scratch(node, with_outputs=isinstance(node.layout, ir.MultiOutputLayout))
         elif kind == "MultiOutputLine":
             events.extend(_tuple_item(lowering, line))
         elif kind in ("KernelCallLine", "ExternKernelOutLine", "ExternKernelMultiOutLine"):
             kernels += 1
-            if kind != "KernelCallLine" and (workspace or _is_chunked_loss(line.node)):
-                events.extend(_extern_workspace(line.node))
+            if kind != "KernelCallLine":
+                scratch(line.node)
     inputs = tuple(n.name for n in gm.graph.find_nodes(op="placeholder"))
     materialized, fused = _fusion_of(lowering, events)
     return CompiledGraphMemory(inputs, tuple(events), _output_names(lowering), kernels,
-                               materialized, fused, _output_strides(lowering))
+                               materialized, fused, _output_strides(lowering), tuple(slots),
+                               chunk_scratch.chunk_counts(gm))
 
 
 def _output_strides(lowering: Any) -> tuple[tuple[int, ...] | None, ...]:
