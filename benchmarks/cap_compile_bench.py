@@ -35,6 +35,7 @@ Writes ``benchmarks/out/cap_compile_bench.json`` (and with ``--results`` the mar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -61,6 +62,7 @@ class _Phases:
         self.cpu: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self._active: set[str] = set()
+        self._patched: list[tuple[Any, str, Any]] = []
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
@@ -80,7 +82,15 @@ class _Phases:
 
     def patch(self, owner: Any, attr: str, name: str) -> None:
         if hasattr(owner, attr):  # a torch without it: the phase is not shown
+            original = owner.__dict__[attr] if attr in vars(owner) else getattr(owner, attr)
+            self._patched.append((owner, attr, original))
             setattr(owner, attr, self.wrap(name, getattr(owner, attr)))
+
+    def restore(self) -> None:
+        """Every patched attribute as it was."""
+        for owner, attr, original in reversed(self._patched):
+            setattr(owner, attr, original)
+        self._patched.clear()
 
 
 def _build(model: str, layers: int, device: str
@@ -122,7 +132,8 @@ def child(model: str, layers: int, variant: str, byte_cap: int | None,
 
     torch.set_num_threads(2)
     module, step, inputs = _build(model, layers, device)
-    eager_loss = float(step(*inputs))
+    with torch.no_grad():
+        eager_loss = float(step(*inputs))
     module.zero_grad(set_to_none=True)
     import aot_partition.memory_models.inductor as inductor_model
     import aot_pipeline
@@ -140,18 +151,23 @@ def child(model: str, layers: int, variant: str, byte_cap: int | None,
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     compiled: Any
-    if variant.startswith("inductor"):
-        if variant == "inductor@0.5":
-            torch._functorch.config.activation_memory_budget = 0.5
-        compiled = torch.compile(step, backend="inductor")
-    else:
-        budget: float | str | None = {"ours": None, "ours@0.5": 0.5, "ours-peak": "0.8 peak",
-                                      "ours-bytes": f"{byte_cap}B"}[variant]
-        compiled = aot_pipeline.compile(step, memory_budget=budget)
-    loss = compiled(*inputs)
-    loss.backward()
-    if device == "cuda":
-        torch.cuda.synchronize()
+    try:
+        # torch's own flag only for its own partitioner (ours refuses a flag it contradicts)
+        with (torch._functorch.config.patch(activation_memory_budget=0.5)
+              if variant == "inductor@0.5" else contextlib.nullcontext()):
+            if variant.startswith("inductor"):
+                compiled = torch.compile(step, backend="inductor")
+            else:
+                budget: float | str | None = {"ours": None, "ours@0.5": 0.5,
+                                              "ours-peak": "0.8 peak",
+                                              "ours-bytes": f"{byte_cap}B"}[variant]
+                compiled = aot_pipeline.compile(step, memory_budget=budget)
+            loss = compiled(*inputs)
+            loss.backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        phases.restore()
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -162,7 +178,7 @@ def child(model: str, layers: int, variant: str, byte_cap: int | None,
             "wall_s": wall,
             "cpu_s": cpu + children, "children_cpu_s": children, "byte_cap": byte_cap,
             "saved_activation_bytes": saved() if callable(saved) else saved,
-            "loss_matches_eager": abs(float(loss) - eager_loss) <= 1e-4 * max(1.0, abs(eager_loss)),
+            "loss_matches_eager": abs(float(loss.detach()) - eager_loss) <= 1e-4 * max(1.0, abs(eager_loss)),
             "phases_cpu_s": phases.cpu, "phase_calls": phases.calls}
 
 

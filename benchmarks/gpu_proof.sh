@@ -13,6 +13,9 @@
 #      against the measured peak on the device (compiled_memory_bench.py); then the split
 #      (split_bench.py --quick: GPT-2's head, 8 x 1024 tokens: Inductor, torch@0.5, split). Peaks are per process and unaffected;
 #      step times are taken with these running beside, so they are indicative only.
+#   2b. beside them (full size only), what a cap costs to compile (cap_compile_bench.py): the
+#      cold first step of the built-in GPT at 2 and 8 layers under Inductor, ours uncapped and
+#      ours under "0.8 peak", each in a fresh process with an empty cache.
 #   3. beside them, torch's own chunkers against our split (chunkers_bench.py, each variant in
 #      its own process with an empty Inductor cache; a 2-layer GPT with GPT-2's head, 8 x 1024
 #      tokens): eager, Inductor, Inductor + auto_chunker, F.linear_cross_entropy compiled by
@@ -84,6 +87,14 @@ timeout "$(left 10)" "$python" benchmarks/chunkers_bench.py --device "$device" $
     --out "$out" > "$out/chunkers_bench.log" 2>&1 &
 chunkers=$!
 
+if [ "$size" = full ]; then
+  step "beside it: what a cap costs to compile (cold first step by depth)"
+  timeout "$(left 10)" "$python" benchmarks/cap_compile_bench.py --device "$device" --models gpt \
+      --layers 2 8 --variants inductor ours ours-peak --timeout 240 --out "$out" --results \
+      > "$out/cap_compile_bench.log" 2>&1 &
+  compile_cost=$!
+fi
+
 step "beside it: the compiled-program memory model, predicted vs measured ($device)"
 timeout "$(left 10)" "$python" benchmarks/compiled_memory_bench.py --device "$device" \
     --models "$bench_models" $bench_cells --out "$out" > "$out/compiled_memory_bench.log" 2>&1 &
@@ -109,6 +120,11 @@ step "torch's chunkers against our split"
 cat "$out/chunkers_bench.md" 2>/dev/null
 step "compiled-program memory model"
 cat "$out/compiled_memory_bench.md" 2>/dev/null
+if [ -n "${compile_cost:-}" ]; then
+  wait "$compile_cost" || status=1
+  step "what a cap costs to compile"
+  cat "$out/cap_compile_bench.md" 2>/dev/null
+fi
 wait "$train" || status=1
 step "GPT-2 size training"
 cat "$out/gpu_train_bench.md" 2>/dev/null
