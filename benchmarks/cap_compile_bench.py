@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import functools
 import json
 import os
 import platform
@@ -45,51 +44,39 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compile_time_bench import Clock  # noqa: E402
+from compile_time_bench import _Phases as TimedPhases  # noqa: E402
+
+_INHERITED = object()  # a patched attribute the owner did not hold itself
 VARIANTS = ("inductor", "inductor@0.5", "ours", "ours@0.5", "ours-bytes", "ours-peak")
 MODELS = ("gpt", "hf-llama")
 SIZES = {"vocab": 1024, "dim": 64, "heads": 4, "seq": 256, "batch": 2}
 
 
-class _Phases:
-    """Inclusive CPU seconds and calls of wrapped functions (nested calls counted once)."""
+class _Phases(TimedPhases):
+    """compile_time_bench's inclusive phase clocks, each patch undone by ``restore``."""
 
     def __init__(self) -> None:
-        self.cpu: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-        self._active: set[str] = set()
+        super().__init__()
         self._patched: list[tuple[Any, str, Any]] = []
-
-    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if name in self._active:
-                return fn(*args, **kwargs)
-            self._active.add(name)
-            start = time.process_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._active.discard(name)
-                self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - start
-                self.calls[name] = self.calls.get(name, 0) + 1
-
-        return timed
 
     def patch(self, owner: Any, attr: str, name: str) -> None:
         if hasattr(owner, attr):  # a torch without it: the phase is not shown
-            original = owner.__dict__[attr] if attr in vars(owner) else getattr(owner, attr)
-            self._patched.append((owner, attr, original))
-            setattr(owner, attr, self.wrap(name, getattr(owner, attr)))
+            self._patched.append((owner, attr, vars(owner).get(attr, _INHERITED)))
+            super().patch(owner, attr, name)
 
     def restore(self) -> None:
         """Every patched attribute as it was."""
         for owner, attr, original in reversed(self._patched):
-            setattr(owner, attr, original)
+            if original is _INHERITED:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
         self._patched.clear()
 
 
@@ -126,7 +113,6 @@ def _build(model: str, layers: int, device: str
 def child(model: str, layers: int, variant: str, byte_cap: int | None,
           device: str) -> dict[str, Any]:
     """One cold first step; its clocks, phases and loss against eager."""
-    import resource
 
     import torch
 
@@ -148,8 +134,7 @@ def child(model: str, layers: int, variant: str, byte_cap: int | None,
     # Inductor's codegen of each compiled graph (forward, backward), C++ compiles included.
     phases.patch(compile_fx, "fx_codegen_and_compile", "Inductor codegen (fw, bw)")
 
-    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    clock = Clock()
     compiled: Any
     try:
         # torch's own flag only for its own partitioner (ours refuses a flag it contradicts)
@@ -168,11 +153,7 @@ def child(model: str, layers: int, variant: str, byte_cap: int | None,
             torch.cuda.synchronize()
     finally:
         phases.restore()
-    wall = time.perf_counter() - wall0
-    cpu = time.process_time() - cpu0
-    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    children = (children1.ru_utime + children1.ru_stime
-                - children0.ru_utime - children0.ru_stime)
+    wall, cpu, children = clock.read()
     saved = getattr(compiled, "saved_activation_bytes", None)
     return {"model": model, "layers": layers, "variant": variant, "device": device,
             "wall_s": wall,

@@ -113,6 +113,26 @@ class _Phases:
         setattr(module, attr, self.wrap(name, getattr(module, attr)))
 
 
+class Clock:
+    """Wall seconds, this process's CPU seconds and its waited-for children's (the C++
+    compiler's) since it was made."""
+
+    def __init__(self) -> None:
+        import resource
+
+        self._children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self._cpu, self._wall = time.process_time(), time.perf_counter()
+
+    def read(self) -> tuple[float, float, float]:
+        import resource
+
+        wall, cpu = time.perf_counter() - self._wall, time.process_time() - self._cpu
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        children = (now.ru_utime + now.ru_stime
+                    - self._children.ru_utime - self._children.ru_stime)
+        return wall, cpu, children
+
+
 def _ours_partitioner(phases: _Phases) -> None:
     """Time our partitioner where the back end looks it up (``aot_partition``'s lazy attribute),
     its first-use imports included; and the pipeline glue around it."""
@@ -135,7 +155,6 @@ def _ours_partitioner(phases: _Phases) -> None:
 
 def child(config: str, budget: float) -> dict[str, Any]:
     """Compile and run one step; the timings, counters and phases as a dict."""
-    import resource
 
     started = time.perf_counter()
     import torch
@@ -165,8 +184,7 @@ def child(config: str, budget: float) -> dict[str, Any]:
     # collection owed by what each imported before the clock does not fall inside it (a full
     # collection costs 0.2 s here, a tenth of a warm run).
     gc.collect()
-    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    clock = Clock()
     if config == "inductor":
         torch._functorch.config.activation_memory_budget = budget
         # torch.compile(backend="inductor") imports compile_fx itself, before tracing
@@ -199,11 +217,7 @@ def child(config: str, budget: float) -> dict[str, Any]:
         block.compile(backend=backend, options=options)
     loss = squared_mean_loss(model(*inputs))
     loss.backward()
-    wall = time.perf_counter() - wall0
-    cpu = time.process_time() - cpu0
-    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    children_cpu = (children1.ru_utime + children1.ru_stime
-                    - children0.ru_utime - children0.ru_stime)
+    wall, cpu, children_cpu = clock.read()
     headers, values = compile_times(repr="csv", aggregate=True)
     return {
         "config": config, "budget": budget, "wall_s": wall, "cpu_s": cpu,
