@@ -1,14 +1,15 @@
 """The memory model lowers a graph with the C++ kernels of ordinary nodes written scalar only
 (memory_models/scalar_codegen.py): the wrapper's buffer program must be the one a full lowering
 (every kernel vectorized as Inductor writes it) gives, on every candidate cut a peak cap prices,
-for several models; outside a pricing lowering, Inductor's own compile is untouched."""
+for several models, outer-loop fused nodes written scalar once their shape's answer is learned
+included; outside a pricing lowering, Inductor's own compile is untouched."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from aot_partition.memory_models import inductor as inductor_memory
-from aot_partition.memory_models import lowering_memo
+from aot_partition.memory_models import lowering_memo, scalar_codegen
 from compiled_steps import compile_step, tiny_gpt, wide_convnet
 from torch._inductor import metrics
 from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -21,10 +22,20 @@ pytestmark = pytest.mark.skipif(not pick_vec_isa(), reason="this CPU has no vect
 def both_lowerings(monkeypatch):
     """Every graph the memory model lowers (once each: the memo starts empty) is lowered
     twice, scalar as priced and in full, and the two programs compared. Yields the count of
-    graphs compared and of vector kernels each way."""
+    graphs compared, of vector kernels each way, and of outer-loop nodes written with a learned
+    answer (``learned_true``/``learned_false``) or learned from Inductor's run."""
     lowering_memo.clear_lowering_memo()
+    scalar_codegen.clear_outer_loop_outcomes()
     real = inductor_memory._lower
-    seen = {"graphs": 0, "vector_kernels_scalar": 0, "vector_kernels_full": 0}
+    real_key = scalar_codegen.outer_loop_key
+    seen = {"graphs": 0, "vector_kernels_scalar": 0, "vector_kernels_full": 0,
+            "learned_true": 0, "learned_false": 0, "learning": 0}
+
+    def key(node):
+        found = real_key(node)
+        answer = scalar_codegen._OUTER_LOOP_OUTCOMES.get(found)
+        seen["learning" if answer is None else f"learned_{str(answer).lower()}"] += 1
+        return found
 
     def lowered(gm, values, **kwargs):
         import copy
@@ -44,8 +55,10 @@ def both_lowerings(monkeypatch):
         return fast
 
     monkeypatch.setattr(inductor_memory, "_lower", lowered)
+    monkeypatch.setattr(scalar_codegen, "outer_loop_key", key)
     yield seen
     lowering_memo.clear_lowering_memo()
+    scalar_codegen.clear_outer_loop_outcomes()
 
 
 def _compile_under(model, budget, **options):
@@ -70,6 +83,20 @@ def test_every_candidate_priced_scalar_prices_as_the_full_lowering(
     assert both_lowerings["graphs"] >= 4  # a cap search: several cuts priced
     # The fast lowering did skip vector kernels the full one wrote.
     assert both_lowerings["vector_kernels_scalar"] < both_lowerings["vector_kernels_full"]
+
+
+def test_outer_loop_nodes_priced_from_a_learned_answer_price_as_the_full_lowering(
+        both_lowerings):
+    """A transformer's softmaxes and layer norms are outer-loop fused nodes. After the first
+    of each shape, each is written scalar with Inductor's check answered from what it said
+    for that shape: both answers (the local buffer kept, and dropped because the vector
+    kernels' loops split differently) are given many times, and every program is the full
+    lowering's."""
+    _compile_under(tiny_gpt(vocab=256, dim=64, seq=64, batch=4), "0.8 peak")
+    assert both_lowerings["graphs"] >= 4
+    assert both_lowerings["learning"] > 0
+    assert both_lowerings["learned_true"] > 0
+    assert both_lowerings["learned_false"] > 0
 
 
 def test_inductor_compiles_outside_pricing_keep_their_vector_kernels():
