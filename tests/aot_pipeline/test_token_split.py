@@ -7,6 +7,7 @@ the cap); and what is left alone, with the reason."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import aot_pipeline
 import pytest
@@ -405,13 +406,30 @@ def test_split_false_never_splits_even_when_a_cap_is_unreachable():
     assert compiled.recorder.splits == []
 
 
-def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds():
+def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds(monkeypatch):
     """vocab 4096, 512 tokens: the fp32 logits (8 MiB) and their gradient make the peak, which
     no recompute lowers. A cap at 45% of the uncapped peak: reachable only split; "auto" splits
     (into the fewest chunks that fit), the step's peak as measured by the profiler is under the
     cap, and the gradients equal eager's. A cap at 95%: reachable whole only by recomputing
     (0.8 ms more than uncapped, estimated), split with none: split, the cheaper way to fit.
-    A cap at 150%: the whole graph's uncapped cut fits: not split."""
+    A cap at 150%: the whole graph's uncapped cut fits: not split. Whatever plans are compared,
+    Inductor generates code for two graphs only, the kept plan's forward and backward: the
+    whole graph compared at 95% is partitioned and priced, never compiled."""
+    from aot_pipeline import _compat
+
+    codegens = []  # the graphs our back end hands Inductor to compile (not the chunk body's)
+    real_inner = _compat.compile_fx_inner
+
+    def counted():
+        inner = real_inner()
+
+        def compile_inner(*args, **kwargs):
+            codegens.append(1)
+            return inner(*args, **kwargs)
+
+        return compile_inner
+
+    monkeypatch.setattr(_compat, "compile_fx_inner", counted)
     ids, labels = _batch(4096, 4, 128)
     model = _gpt(vocab=4096, dim=16, seq=128)
     eager = copy.deepcopy(model)
@@ -427,7 +445,9 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds()
         torch._dynamo.reset()
         cap = inputs + int(share * base.peak_bytes)
         compiled = aot_pipeline.compile(_gpt_step(model), memory_budget=f"{cap}B peak")
+        codegens.clear()
         _compare(model, eager, compiled, _gpt_step(eager), (ids, labels), rtol=1e-4, atol=1e-6)
+        assert len(codegens) == 2, (share, len(codegens))  # the kept plan's forward, backward
         assert bool(compiled.recorder.splits) is splits, share
         model.zero_grad(set_to_none=True)
         measured = measure_peak(lambda c=compiled: c(ids, labels).backward())
@@ -504,6 +524,47 @@ def test_auto_splits_the_mlp_too_when_no_split_of_the_loss_fits_and_the_measured
     model.zero_grad(set_to_none=True)
     measured = measure_peak(lambda: compiled(ids, labels).backward())
     assert inputs + measured.peak_bytes <= cap, (measured.peak_bytes, cap)
+
+
+def test_auto_keeps_the_whole_graph_when_no_split_recomputes_less(monkeypatch, caplog):
+    """The opposite of the 95% case above: when every split compared recomputes more than
+    the whole graph (here told so: the whole graph 1 ms beyond its uncapped cut, each split
+    2 ms; a real model rarely ties the other way, the split's loss costs less), the whole graph
+    is kept. It was compared, not compiled, so it is compiled after, once: two graphs (its
+    forward and backward) reach Inductor, nothing is split, and the gradients equal eager's."""
+    from aot_pipeline import _compat, splitting
+
+    def told(record):
+        graph = record.joints[0].joint.graph
+        split = any("linear_cross_entropy" in str(n.target) for n in graph.nodes)
+        return 2e-3 if split else 1e-3
+
+    monkeypatch.setattr(splitting, "extra_recompute", told)
+    codegens = []
+    real_inner = _compat.compile_fx_inner
+
+    def counted():
+        inner = real_inner()
+
+        def compile_inner(*args, **kwargs):
+            codegens.append(1)
+            return inner(*args, **kwargs)
+
+        return compile_inner
+
+    monkeypatch.setattr(_compat, "compile_fx_inner", counted)
+    ids, labels = _batch(4096, 4, 128)
+    model = _gpt(vocab=4096, dim=16, seq=128)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = aot_pipeline.compile(_gpt_step(model), memory_budget=f"{10**12}B peak")
+    with caplog.at_level(logging.INFO, logger="aot_pipeline.splitting"):
+        _compare(model, eager, compiled, _gpt_step(eager), (ids, labels), rtol=1e-4, atol=1e-6)
+    compared = [r.getMessage() for r in caplog.records if "more than uncapped" in r.getMessage()]
+    assert len(compared) == 1, compared
+    assert "split in 2: 2 ms" in compared[0] and compared[0].endswith("whole kept"), compared
+    assert compiled.recorder.splits == []
+    assert len(codegens) == 2
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

@@ -162,6 +162,7 @@ def make_partition_fn(options: PipelineOptions,
         if recorder is not None:
             recorder.record_forward(forward, backward, kwargs.get("num_fwd_outputs"),
                                     kwargs.get("static_lifetime_input_indices"))
+            recorder.compiles_on()  # a plan only compared stops here (splitting.py)
         log.debug("partitioned a joint graph (budget %s, %s bytes, solver %s)",
                   options.memory_budget, options.memory_budget_bytes, options.solver)
         return forward, backward

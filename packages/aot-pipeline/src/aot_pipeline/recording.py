@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
 
 from . import _compat
+
+
+class PartitionedOnly(Exception):  # noqa: N818 - a signal, not a failure
+    """Raised by the partition function when its recorder's ``compile_if`` says the graph
+    need not be compiled: the plan was partitioned (and priced) to be compared, and another
+    may be chosen. Carries nothing: the recorder holds the partition."""
 
 
 @dataclass
@@ -52,6 +59,15 @@ class PartitionRecorder:
     # cut the same graph gets without a cap.
     keep_joints: bool = False
     joints: list[RecordedJoint] = field(default_factory=list)
+    # Called with this recorder after each partition is recorded: False stops the compile
+    # there (``PartitionedOnly``), before Inductor generates and compiles any code. None: the
+    # graph is always compiled.
+    compile_if: Callable[[PartitionRecorder], bool] | None = None
+
+    def compiles_on(self) -> None:
+        """After a partition is recorded: raise ``PartitionedOnly`` if ``compile_if`` says no."""
+        if self.compile_if is not None and not self.compile_if(self):
+            raise PartitionedOnly()
 
     def record_joint(self, joint: fx.GraphModule, inputs: Any, kwargs: dict[str, Any]) -> None:
         if self.keep_joints:

@@ -6,14 +6,15 @@
   chunks (MLPs are split by "auto" only);
 - False: never;
 - "auto" (the default): without a peak cap nothing changes. Under a peak cap the graph is
-  first compiled whole. When the cap is unreachable that way (``UnreachableMemoryBudgetError``:
+  first partitioned whole (plans compared are partitioned and priced, not compiled: only the
+  plan kept reaches Inductor's code generation; ``_Plan``). When the cap is unreachable that way (``UnreachableMemoryBudgetError``:
   recompute and offload cannot fit) it is split, into the fewest chunks (powers of two) whose
   estimated saving, one logits buffer's share, covers the gap the error names, doubling while
   the cap stays unreachable; at least 128 tokens a chunk (smaller matmuls run far below the
   device's peak). Gradients are made in the forward (no matmul more than unsplit); only if no
   count fits that way, the most chunks with the logits recomputed in the backward (one matmul
   more, nothing but the log-sum-exp kept). The last error is raised if nothing fits. When the
-  cap is reachable whole but only by recomputing, splits are compiled too (from the most
+  cap is reachable whole but only by recomputing, splits are partitioned too (from the most
   chunks of at least 1,024 tokens, doubling while the split still recomputes beyond its
   uncapped cut, down to 128 tokens a chunk) and the plan whose cut recomputes least beyond its
   uncapped cut (the roofline's estimate; the loss itself is not compared, as the roofline
@@ -41,7 +42,7 @@ import torch.fx as fx
 
 from . import _compat, step_cap
 from .options import PipelineOptions
-from .recording import PartitionRecorder
+from .recording import PartitionedOnly, PartitionRecorder
 from .step_cap import StepCap
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,36 @@ def split_counts_against_recompute(sites: Sequence[Any]) -> list[int]:
     return counts
 
 
+def _partitioned_only(error: BaseException) -> bool:
+    """Whether a compile failure is a plan stopped after partitioning (``PartitionedOnly``)."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, PartitionedOnly):
+            return True
+        stack += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
+    return False
+
+
+class _Plan:
+    """One plan the split decision compares: its recorder and, once known, what the cap costs
+    it in recompute (``extra_recompute``). A plan the cap costs nothing is compiled at once,
+    as it will be kept (``compile_if``); the others stop after partitioning, and only the one
+    chosen is compiled, again (its partition then costs no lowering: lowering_memo.py)."""
+
+    def __init__(self) -> None:
+        self.extra: float | None = None
+        self.record = PartitionRecorder(keep_joints=True, compile_if=self._compile_if)
+
+    def _compile_if(self, record: PartitionRecorder) -> bool:
+        self.extra = extra_recompute(record)
+        return self.extra is None or self.extra <= 0
+
+
 def extra_recompute(record: PartitionRecorder) -> float | None:
     """Seconds (the roofline's estimate) the cuts ``record`` holds recompute beyond what the
     same joints' uncapped cuts (budget 1.0, no cap) recompute: what the cap costs. None when
@@ -275,49 +306,53 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
                                          and not find_split_sites(gm, kinds=("mlp",))[0]):
             return plain(gm, example_inputs)
         whole = _compat.deepcopy_graph(gm)
-        whole_record = PartitionRecorder(keep_joints=True)
+        # With a loss to split, the whole graph is a plan to compare: it stops after its
+        # partition unless the cap costs it nothing (then it is kept and compiled at once).
+        whole_plan = _Plan()
+        whole_record = (whole_plan.record if sites
+                        else PartitionRecorder(keep_joints=True))
         try:
             compiled = compiler_for(probe_options, whole_record)(gm, example_inputs)
         except Exception as error:
+            if _partitioned_only(error):
+                return _cheaper_of(whole, example_inputs, sites, whole_plan)
             unreachable = _unreachable(error)
             if unreachable is None:
                 raise
             return _split_to_fit(whole, example_inputs, sites, unreachable, error)
-        if not sites:  # an MLP is split only where nothing cheaper fits
-            adopt(whole_record)
-            return compiled
-        return _cheaper_of(whole, example_inputs, sites, compiled, whole_record)
+        adopt(whole_record)  # fits with no recompute beyond uncapped, or nothing to split
+        return compiled
 
     def _cheaper_of(whole: fx.GraphModule, example_inputs: Sequence[Any], sites: Sequence[Any],
-                    compiled: CompiledGraph, whole_record: PartitionRecorder) -> CompiledGraph:
-        """The whole graph fits the cap. If it fits only by recomputing more than it does
-        uncapped, splits are compiled too, from ``preferred_chunks`` doubling up to
-        ``chunk_counts``' most, until one fits with no recompute beyond its uncapped cut; the
-        plan the cap costs the least recompute (roofline) is kept, the whole graph on a tie:
-        splitting may let the cut keep what the whole graph had to recompute, and more chunks
-        free more (issue 50: at a cap 2 chunks still recompute, 16 do not)."""
-        whole_extra = extra_recompute(whole_record)
-        if whole_extra is None or whole_extra <= 0:
-            adopt(whole_record)
-            return compiled
-        best: tuple[float, int, CompiledGraph, PartitionRecorder, list[Any]] | None = None
+                    whole_plan: _Plan) -> CompiledGraph:
+        """The whole graph fits the cap only by recomputing more than it does uncapped
+        (``whole_plan.extra``, the roofline's estimate): splits are partitioned too, from
+        ``preferred_chunks`` doubling up to ``chunk_counts``' most, until one fits with no
+        recompute beyond its uncapped cut (compiled at once: it is kept); the plan the cap
+        costs the least recompute is kept, the whole graph on a tie: splitting may let the cut
+        keep what the whole graph had to recompute, and more chunks free more (issue 50: at a
+        cap 2 chunks still recompute, 16 do not). Plans compared and not kept are never
+        compiled; the one kept, if it was only partitioned, is compiled after."""
+        whole_extra = whole_plan.extra if whole_plan.extra is not None else float("inf")
+        best: tuple[float, int, CompiledGraph | None, PartitionRecorder, list[Any]] | None = None
         tried: list[str] = []
         for chunks in split_counts_against_recompute(sites):
-            split_record = PartitionRecorder(keep_joints=True)
+            plan = _Plan()
+            split_compiled: CompiledGraph | None = None
+            graph = _compat.deepcopy_graph(whole)
+            decisions = _split_graph(graph, chunks, "forward_grads", ("loss",))
             try:
-                split_compiled, decisions = _compile_split(
-                    _compat.deepcopy_graph(whole), example_inputs, chunks,
-                    compiler_for(probe_options, split_record), "forward_grads", ("loss",))
+                split_compiled = compiler_for(probe_options, plan.record)(graph, example_inputs)
             except Exception as error:
-                if _unreachable(error) is None:
-                    raise
-                tried.append(f"split in {chunks}: does not fit")
-                continue
-            split_extra = extra_recompute(split_record)
-            split_extra = float("inf") if split_extra is None else split_extra
+                if not _partitioned_only(error):
+                    if _unreachable(error) is None:
+                        raise
+                    tried.append(f"split in {chunks}: does not fit")
+                    continue
+            split_extra = float("inf") if plan.extra is None else plan.extra
             tried.append(f"split in {chunks}: {split_extra * 1e3:.3g} ms")
             if best is None or split_extra < best[0]:
-                best = (split_extra, chunks, split_compiled, split_record, decisions)
+                best = (split_extra, chunks, split_compiled, plan.record, decisions)
             if split_extra <= 0:
                 break
         chosen = best is not None and best[0] < whole_extra
@@ -325,9 +360,19 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
                  "(est.); %s: %s", whole_extra * 1e3, "; ".join(tried),
                  f"split in {best[1]}" if chosen and best is not None else "whole kept")
         if chosen and best is not None:
-            adopt(best[3], best[4])
-            return best[2]
-        adopt(whole_record)
+            if best[2] is not None:
+                adopt(best[3], best[4])
+                return best[2]
+            record = PartitionRecorder()
+            graph = _compat.deepcopy_graph(whole)
+            _split_graph(graph, best[1], "forward_grads", ("loss",), quiet=True)
+            compiled = compiler_for(probe_options, record)(graph, example_inputs)
+            adopt(record, best[4])
+            return compiled
+        record = PartitionRecorder()
+        compiled = compiler_for(probe_options, record)(_compat.deepcopy_graph(whole),
+                                                       example_inputs)
+        adopt(record)
         return compiled
 
     def _split_to_fit(whole: fx.GraphModule, example_inputs: Sequence[Any],
@@ -379,15 +424,23 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
     return compile_graph
 
 
+def _split_graph(gm: fx.GraphModule, chunks: int, mode: str, kinds: tuple[str, ...], *,
+                 quiet: bool = False) -> list[Any]:
+    """The sites of ``kinds`` in ``gm`` split in place into ``chunks``; the decisions made
+    (logged unless ``quiet``: the same split again)."""
+    from aot_partition.split.token_split import find_split_sites, split_token_wise
+
+    sites = find_split_sites(gm, kinds=kinds)[0]
+    decisions = split_token_wise(gm, chunks, sites=sites, mode=mode)
+    for decision in decisions if not quiet else ():
+        log.info("split: %s", decision.describe())
+    return decisions
+
+
 def _compile_split(gm: fx.GraphModule, example_inputs: Sequence[Any], chunks: int,
                    compile_graph: GraphCompiler, mode: str, kinds: tuple[str, ...]
                    ) -> tuple[CompiledGraph, list[Any]]:
     """The sites of ``kinds`` in ``gm`` split in place into ``chunks`` and compiled; the
     decisions made."""
-    from aot_partition.split.token_split import find_split_sites, split_token_wise
-
-    sites = find_split_sites(gm, kinds=kinds)[0]
-    decisions = split_token_wise(gm, chunks, sites=sites, mode=mode)
-    for decision in decisions:
-        log.info("split: %s", decision.describe())
+    decisions = _split_graph(gm, chunks, mode, kinds)
     return compile_graph(gm, example_inputs), decisions
