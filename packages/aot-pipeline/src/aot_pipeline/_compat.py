@@ -99,3 +99,25 @@ def deepcopy_graph(graph: _Copied) -> _Copied:
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
                                 category=FutureWarning)
         return copy.deepcopy(graph)
+
+
+# What AOTAutograd reads of a graph Dynamo captured, beyond its nodes and meta, and a deep copy
+# drops: the parameters' sources (``_param_name_to_source``) and each placeholder's
+# (``Node._dynamo_source``). Without them a copy counts as "not captured by Dynamo": no static
+# inputs (parameters priced and, under CUDA graphs, copied as if they changed every step) and
+# no argument sources for its duplicate-argument guards.
+_DYNAMO_GRAPH_ATTRS = ("_param_name_to_source",)
+
+
+def copy_dynamo_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A deep copy of a graph Dynamo handed a back end that AOTAutograd still reads as Dynamo's
+    (``deepcopy_graph`` plus the sources it drops, shared: they are read only)."""
+    copied = deepcopy_graph(gm)
+    for attr in _DYNAMO_GRAPH_ATTRS:
+        if hasattr(gm, attr):
+            setattr(copied, attr, getattr(gm, attr))
+    for old, new in zip(gm.graph.find_nodes(op="placeholder"),
+                        copied.graph.find_nodes(op="placeholder"), strict=True):
+        if hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source
+    return copied

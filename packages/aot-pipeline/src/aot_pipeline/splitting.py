@@ -305,7 +305,7 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
         if not has_peak_cap(options) or (not sites
                                          and not find_split_sites(gm, kinds=("mlp",))[0]):
             return plain(gm, example_inputs)
-        whole = _compat.deepcopy_graph(gm)
+        whole = _compat.copy_dynamo_graph(gm)
         # With a loss to split, the whole graph is a plan to compare: it stops after its
         # partition unless the cap costs it nothing (then it is kept and compiled at once).
         whole_plan = _Plan()
@@ -339,7 +339,7 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
         for chunks in split_counts_against_recompute(sites):
             plan = _Plan()
             split_compiled: CompiledGraph | None = None
-            graph = _compat.deepcopy_graph(whole)
+            graph = _compat.copy_dynamo_graph(whole)
             decisions = _split_graph(graph, chunks, "forward_grads", ("loss",))
             try:
                 split_compiled = compiler_for(probe_options, plan.record)(graph, example_inputs)
@@ -364,13 +364,13 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
                 adopt(best[3], best[4])
                 return best[2]
             record = PartitionRecorder()
-            graph = _compat.deepcopy_graph(whole)
+            graph = _compat.copy_dynamo_graph(whole)
             _split_graph(graph, best[1], "forward_grads", ("loss",), quiet=True)
             compiled = compiler_for(probe_options, record)(graph, example_inputs)
             adopt(record, best[4])
             return compiled
         record = PartitionRecorder()
-        compiled = compiler_for(probe_options, record)(_compat.deepcopy_graph(whole),
+        compiled = compiler_for(probe_options, record)(_compat.copy_dynamo_graph(whole),
                                                        example_inputs)
         adopt(record)
         return compiled
@@ -410,7 +410,7 @@ def _split_compiler(options: PipelineOptions, recorder: PartitionRecorder | None
             record = PartitionRecorder()
             try:
                 compiled, decisions = _compile_split(
-                    _compat.deepcopy_graph(whole), example_inputs, chunks,
+                    _compat.copy_dynamo_graph(whole), example_inputs, chunks,
                     compiler_for(options if last else probe_options, record), mode, kinds)
             except Exception as error:
                 if _unreachable(error) is None:
