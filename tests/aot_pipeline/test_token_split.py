@@ -406,7 +406,31 @@ def test_split_false_never_splits_even_when_a_cap_is_unreachable():
     assert compiled.recorder.splits == []
 
 
-def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds(monkeypatch):
+@pytest.fixture
+def inductor_graphs(monkeypatch):
+    """A list that gets an item for each graph our back end hands Inductor to generate code
+    for (through compile_fx_inner: the partitioned forwards and backwards, not the split's
+    compiled chunk body)."""
+    from aot_pipeline import _compat
+
+    graphs: list[int] = []
+    real_inner = _compat.compile_fx_inner
+
+    def counted():
+        inner = real_inner()
+
+        def compile_inner(*args, **kwargs):
+            graphs.append(1)
+            return inner(*args, **kwargs)
+
+        return compile_inner
+
+    monkeypatch.setattr(_compat, "compile_fx_inner", counted)
+    return graphs
+
+
+def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds(
+        inductor_graphs):
     """vocab 4096, 512 tokens: the fp32 logits (8 MiB) and their gradient make the peak, which
     no recompute lowers. A cap at 45% of the uncapped peak: reachable only split; "auto" splits
     (into the fewest chunks that fit), the step's peak as measured by the profiler is under the
@@ -415,21 +439,7 @@ def test_auto_splits_only_when_a_peak_cap_needs_it_and_the_measured_peak_holds(m
     A cap at 150%: the whole graph's uncapped cut fits: not split. Whatever plans are compared,
     Inductor generates code for two graphs only, the kept plan's forward and backward: the
     whole graph compared at 95% is partitioned and priced, never compiled."""
-    from aot_pipeline import _compat
-
-    codegens = []  # the graphs our back end hands Inductor to compile (not the chunk body's)
-    real_inner = _compat.compile_fx_inner
-
-    def counted():
-        inner = real_inner()
-
-        def compile_inner(*args, **kwargs):
-            codegens.append(1)
-            return inner(*args, **kwargs)
-
-        return compile_inner
-
-    monkeypatch.setattr(_compat, "compile_fx_inner", counted)
+    codegens = inductor_graphs
     ids, labels = _batch(4096, 4, 128)
     model = _gpt(vocab=4096, dim=16, seq=128)
     eager = copy.deepcopy(model)
@@ -526,13 +536,14 @@ def test_auto_splits_the_mlp_too_when_no_split_of_the_loss_fits_and_the_measured
     assert inputs + measured.peak_bytes <= cap, (measured.peak_bytes, cap)
 
 
-def test_auto_keeps_the_whole_graph_when_no_split_recomputes_less(monkeypatch, caplog):
+def test_auto_keeps_the_whole_graph_when_no_split_recomputes_less(
+        monkeypatch, caplog, inductor_graphs):
     """The opposite of the 95% case above: when every split compared recomputes more than
     the whole graph (here told so: the whole graph 1 ms beyond its uncapped cut, each split
     2 ms; a real model rarely ties the other way, the split's loss costs less), the whole graph
     is kept. It was compared, not compiled, so it is compiled after, once: two graphs (its
     forward and backward) reach Inductor, nothing is split, and the gradients equal eager's."""
-    from aot_pipeline import _compat, splitting
+    from aot_pipeline import splitting
 
     def told(record):
         graph = record.joints[0].joint.graph
@@ -540,19 +551,7 @@ def test_auto_keeps_the_whole_graph_when_no_split_recomputes_less(monkeypatch, c
         return 2e-3 if split else 1e-3
 
     monkeypatch.setattr(splitting, "extra_recompute", told)
-    codegens = []
-    real_inner = _compat.compile_fx_inner
-
-    def counted():
-        inner = real_inner()
-
-        def compile_inner(*args, **kwargs):
-            codegens.append(1)
-            return inner(*args, **kwargs)
-
-        return compile_inner
-
-    monkeypatch.setattr(_compat, "compile_fx_inner", counted)
+    codegens = inductor_graphs
     ids, labels = _batch(4096, 4, 128)
     model = _gpt(vocab=4096, dim=16, seq=128)
     eager = copy.deepcopy(model)
