@@ -82,10 +82,9 @@ def has_peak_cap(options: PipelineOptions) -> bool:
     return options.memory_peak_bytes is not None or options.memory_peak_fraction is not None
 
 
-def _unreachable(error: BaseException) -> Any:
-    """The UnreachableMemoryBudgetError a compile failure wraps, or None."""
-    from aot_partition import UnreachableMemoryBudgetError
-
+def _wrapped(error: BaseException, kind: type[BaseException]) -> Any:
+    """The ``kind`` exception a compile failure wraps (its causes, contexts and Inductor's
+    ``inner_exception``), or None."""
     seen: set[int] = set()
     stack: list[BaseException | None] = [error]
     while stack:
@@ -93,10 +92,17 @@ def _unreachable(error: BaseException) -> Any:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, UnreachableMemoryBudgetError):
+        if isinstance(e, kind):
             return e
         stack += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
     return None
+
+
+def _unreachable(error: BaseException) -> Any:
+    """The UnreachableMemoryBudgetError a compile failure wraps, or None."""
+    from aot_partition import UnreachableMemoryBudgetError
+
+    return _wrapped(error, UnreachableMemoryBudgetError)
 
 
 def held_input_bytes(example_inputs: Sequence[Any]) -> int | None:
@@ -167,17 +173,7 @@ def split_counts_against_recompute(sites: Sequence[Any]) -> list[int]:
 
 def _partitioned_only(error: BaseException) -> bool:
     """Whether a compile failure is a plan stopped after partitioning (``PartitionedOnly``)."""
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [error]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, PartitionedOnly):
-            return True
-        stack += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
-    return False
+    return _wrapped(error, PartitionedOnly) is not None
 
 
 class _Plan:
